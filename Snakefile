@@ -1,0 +1,23 @@
+# swiftkv: the paper as a DAG. This file is an index; the rules live in workflow/rules/.
+#   snakemake --cores all reports/table2.csv                          (default profile, embedded models)
+#   snakemake --cores all --configfile config/ci.yaml <target>        (CI profile: tiny sizes)
+#   snakemake --cores all --configfile config/paper.yaml <target>     (paper profile: hub models, GPUs)
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/bench.smk"
+
+
+rule all:
+    input:
+        expand("results/bench/prefill/{model}.json", model=config["bench_prefill"]["models"]),

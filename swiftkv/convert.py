@@ -1,0 +1,134 @@
+"""Turn a loaded base model into a SwiftKV model initialised from the teacher (reference §3)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from swiftkv.errors import SwiftKVError
+from swiftkv.models import FAMILIES, SWIFTKV_MODEL_TYPES
+from swiftkv.models.common import validate_swiftkv_config
+
+logger = logging.getLogger(__name__)
+
+# Config entries that must not travel into the SwiftKV config.
+_DROP_KEYS = ("model_type", "architectures", "quantization_config", "transformers_version", "auto_map")
+
+
+def swiftkv_config_from(base_config, num_key_value_layers: int, key_value_group_size: int = 1, **extra):
+    """The SwiftKV config of ``base_config``'s family with l, g set and ``swiftkv=True``."""
+    model_type = getattr(base_config, "model_type", None)
+    if model_type in SWIFTKV_MODEL_TYPES:
+        raise SwiftKVError(f"the model is already a SwiftKV model ({model_type}); convert its base model instead")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise SwiftKVError(
+            f"unknown model family {model_type!r}: SwiftKV supports {', '.join(sorted(FAMILIES))}; "
+            "add a family module under swiftkv/models to support it"
+        )
+    values = {k: v for k, v in base_config.to_dict().items() if k not in _DROP_KEYS}
+    values.update(
+        swiftkv=True,
+        num_key_value_layers=num_key_value_layers,
+        key_value_group_size=key_value_group_size,
+        architectures=[family.model_class.__name__],
+        **extra,
+    )
+    probe = type("Probe", (), {"num_hidden_layers": base_config.num_hidden_layers,
+                               "num_key_value_layers": num_key_value_layers,
+                               "key_value_group_size": key_value_group_size})
+    validate_swiftkv_config(probe)  # one clear line before building anything
+    config = family.config_class(**values)
+    config._attn_implementation = base_config._attn_implementation
+    return config
+
+
+@torch.no_grad()
+def convert_to_swiftkv(model, num_key_value_layers: int, key_value_group_size: int = 1):
+    """Return a SwiftKV model (student mode on) that shares every teacher weight of ``model``.
+
+    - ``q_proj_swiftkv`` of each layer >= l starts as a copy of that layer's ``q_proj``;
+    - ``k/v_proj_swiftkv`` of each AcrossKV group leader start as the mean of the group's ``k/v_proj``;
+    - ``norm_swiftkv`` starts as a copy of ``layers[l].input_layernorm``.
+
+    Only ``norm_swiftkv`` and the ``*_swiftkv`` projections require grad afterwards.
+    """
+    l, g = num_key_value_layers, key_value_group_size
+    config = swiftkv_config_from(model.config, l, g)
+    family = FAMILIES[model.config.model_type]
+    with torch.device("meta"):
+        student = family.model_class(config)
+    # Teacher weights are shared, not copied: assign the base model's tensors to the new modules.
+    missing, unexpected = student.load_state_dict(model.state_dict(), strict=False, assign=True)
+    if unexpected:
+        raise SwiftKVError(f"unexpected weights while converting: {unexpected[:3]}...; is this a {family.base_model_type} model?")
+    for name, buf in model.named_buffers():
+        _set_by_name(student, name, buf)
+    student.tie_weights()
+    ref = model.model.embed_tokens.weight
+    layers = student.model.layers
+    for i in range(l, config.num_hidden_layers):
+        attn = layers[i].self_attn
+        attn.q_proj_swiftkv = _copy_linear(attn.q_proj, ref)
+        if (i - l) % g == 0:
+            group = [layers[j].self_attn for j in range(i, i + g)]
+            attn.k_proj_swiftkv = _mean_linear([a.k_proj for a in group], ref)
+            attn.v_proj_swiftkv = _mean_linear([a.v_proj for a in group], ref)
+    norm = student.model.norm_swiftkv
+    source = layers[l].input_layernorm if l < config.num_hidden_layers else student.model.norm
+    norm.weight = nn.Parameter(source.weight.detach().clone())
+    still_meta = [n for n, p in student.named_parameters() if p.is_meta] + [n for n, b in student.named_buffers() if b.is_meta]
+    if still_meta:
+        raise RuntimeError(f"conversion left uninitialised tensors: {still_meta[:5]}")
+    set_trainable(student, "partial")
+    student.generation_config = model.generation_config
+    student.eval()
+    return student
+
+
+def set_trainable(model, scope: str = "partial") -> list[str]:
+    """Freeze everything except the trained part; return the names of trainable parameters.
+
+    ``partial``: ``norm_swiftkv`` and the ``*_swiftkv`` projections (the paper's choice);
+    ``full``: additionally every parameter of layers >= l (paper Table 4b).
+    """
+    if scope not in ("partial", "full"):
+        raise SwiftKVError(f"unknown training scope {scope!r}; use 'partial' or 'full'")
+    l = model.config.num_key_value_layers
+    names = []
+    for name, param in model.named_parameters():
+        train = "swiftkv" in name
+        if scope == "full" and name.startswith("model.layers."):
+            train = train or int(name.split(".")[2]) >= l
+        param.requires_grad_(train)
+        if train:
+            names.append(name)
+    return names
+
+
+def _copy_linear(src: nn.Linear, like: torch.Tensor) -> nn.Linear:
+    out = nn.Linear(src.in_features, src.out_features, bias=src.bias is not None, device=like.device, dtype=like.dtype)
+    out.weight.copy_(src.weight)
+    if src.bias is not None:
+        out.bias.copy_(src.bias)
+    return out
+
+
+def _mean_linear(srcs: list[nn.Linear], like: torch.Tensor) -> nn.Linear:
+    first = srcs[0]
+    out = nn.Linear(first.in_features, first.out_features, bias=first.bias is not None, device=like.device, dtype=like.dtype)
+    out.weight.copy_(torch.stack([s.weight.float() for s in srcs]).mean(0))
+    if first.bias is not None:
+        out.bias.copy_(torch.stack([s.bias.float() for s in srcs]).mean(0))
+    return out
+
+
+def _set_by_name(root: nn.Module, dotted: str, buf: torch.Tensor) -> None:
+    *path, leaf = dotted.split(".")
+    mod = root
+    for p in path:
+        mod = getattr(mod, p)
+    persistent = leaf not in getattr(mod, "_non_persistent_buffers_set", set())
+    mod.register_buffer(leaf, buf, persistent=persistent)

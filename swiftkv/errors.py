@@ -1,0 +1,8 @@
+"""User-facing errors: each carries one line that says what is wrong and how to fix it."""
+
+
+class SwiftKVError(ValueError):
+    """An error the user can fix (bad argument, missing package, bad checksum, unsupported model).
+
+    The CLI prints ``error: <message>`` and exits with status 2 instead of a traceback.
+    """

@@ -1,0 +1,54 @@
+"""SwiftKV model classes per family, and their registration with transformers' Auto classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from swiftkv.models.llama import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
+from swiftkv.models.mistral import MistralSwiftKVConfig, MistralSwiftKVForCausalLM
+from swiftkv.models.qwen2 import Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM
+
+
+@dataclass(frozen=True)
+class Family:
+    base_model_type: str  # model_type of the plain transformers config
+    config_class: type
+    model_class: type
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+
+FAMILIES: dict[str, Family] = {
+    f.base_model_type: f
+    for f in (
+        Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
+        Family("mistral", MistralSwiftKVConfig, MistralSwiftKVForCausalLM),
+        Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
+    )
+}
+SWIFTKV_MODEL_TYPES = {f.model_type for f in FAMILIES.values()}
+
+
+def register() -> None:
+    """Register the SwiftKV configs and models with ``AutoConfig`` / ``AutoModelForCausalLM`` (idempotent)."""
+    for family in FAMILIES.values():
+        AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
+        AutoModelForCausalLM.register(family.config_class, family.model_class, exist_ok=True)
+
+
+__all__ = [
+    "FAMILIES",
+    "SWIFTKV_MODEL_TYPES",
+    "Family",
+    "register",
+    "LlamaSwiftKVConfig",
+    "LlamaSwiftKVForCausalLM",
+    "MistralSwiftKVConfig",
+    "MistralSwiftKVForCausalLM",
+    "Qwen2SwiftKVConfig",
+    "Qwen2SwiftKVForCausalLM",
+]

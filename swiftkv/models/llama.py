@@ -1,0 +1,58 @@
+"""Llama with SwiftKV: a diff on transformers' Llama classes (config keys and weight names of the reference)."""
+
+from __future__ import annotations
+
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+
+from swiftkv.models.common import (
+    SwiftKVAttentionMixin,
+    SwiftKVForCausalLMMixin,
+    SwiftKVModelMixin,
+    init_swiftkv_config_fields,
+    validate_swiftkv_config,
+)
+
+
+class LlamaSwiftKVConfig(LlamaConfig):
+    model_type = "llama_swiftkv"
+
+    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        init_swiftkv_config_fields(self)
+        validate_swiftkv_config(self)
+
+
+class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):
+    def __init__(self, config: LlamaSwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self._init_swiftkv(config, layer_idx)
+
+
+class LlamaSwiftKVDecoderLayer(LlamaDecoderLayer):
+    def __init__(self, config: LlamaSwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = LlamaSwiftKVAttention(config, layer_idx)  # SwiftKV
+
+
+class LlamaSwiftKVModel(SwiftKVModelMixin, LlamaModel):
+    config_class = LlamaSwiftKVConfig
+
+    def __init__(self, config: LlamaSwiftKVConfig):
+        super().__init__(config)
+        self._init_swiftkv(config, LlamaSwiftKVDecoderLayer)
+        self.post_init()
+
+
+class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMMixin, LlamaForCausalLM):
+    config_class = LlamaSwiftKVConfig
+
+    def __init__(self, config: LlamaSwiftKVConfig):
+        super().__init__(config)
+        self.model = LlamaSwiftKVModel(config)  # SwiftKV
+        self.post_init()

@@ -1,0 +1,58 @@
+"""Mistral with SwiftKV: a diff on transformers' Mistral classes (config keys and weight names of the reference)."""
+
+from __future__ import annotations
+
+from transformers import MistralConfig
+from transformers.models.mistral.modeling_mistral import MistralAttention, MistralDecoderLayer, MistralForCausalLM, MistralModel
+
+from swiftkv.models.common import (
+    SwiftKVAttentionMixin,
+    SwiftKVForCausalLMMixin,
+    SwiftKVModelMixin,
+    init_swiftkv_config_fields,
+    validate_swiftkv_config,
+)
+
+
+class MistralSwiftKVConfig(MistralConfig):
+    model_type = "mistral_swiftkv"
+
+    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        init_swiftkv_config_fields(self)
+        validate_swiftkv_config(self)
+
+
+class MistralSwiftKVAttention(SwiftKVAttentionMixin, MistralAttention):
+    def __init__(self, config: MistralSwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self._init_swiftkv(config, layer_idx)
+
+
+class MistralSwiftKVDecoderLayer(MistralDecoderLayer):
+    def __init__(self, config: MistralSwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = MistralSwiftKVAttention(config, layer_idx)  # SwiftKV
+
+
+class MistralSwiftKVModel(SwiftKVModelMixin, MistralModel):
+    config_class = MistralSwiftKVConfig
+
+    def __init__(self, config: MistralSwiftKVConfig):
+        super().__init__(config)
+        self._init_swiftkv(config, MistralSwiftKVDecoderLayer)
+        self.post_init()
+
+
+class MistralSwiftKVForCausalLM(SwiftKVForCausalLMMixin, MistralForCausalLM):
+    config_class = MistralSwiftKVConfig
+
+    def __init__(self, config: MistralSwiftKVConfig):
+        super().__init__(config)
+        self.model = MistralSwiftKVModel(config)  # SwiftKV
+        self.post_init()

@@ -1,0 +1,58 @@
+"""Qwen2 with SwiftKV: a diff on transformers' Qwen2 classes (config keys and weight names of the reference)."""
+
+from __future__ import annotations
+
+from transformers import Qwen2Config
+from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
+
+from swiftkv.models.common import (
+    SwiftKVAttentionMixin,
+    SwiftKVForCausalLMMixin,
+    SwiftKVModelMixin,
+    init_swiftkv_config_fields,
+    validate_swiftkv_config,
+)
+
+
+class Qwen2SwiftKVConfig(Qwen2Config):
+    model_type = "qwen2_swiftkv"
+
+    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        init_swiftkv_config_fields(self)
+        validate_swiftkv_config(self)
+
+
+class Qwen2SwiftKVAttention(SwiftKVAttentionMixin, Qwen2Attention):
+    def __init__(self, config: Qwen2SwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self._init_swiftkv(config, layer_idx)
+
+
+class Qwen2SwiftKVDecoderLayer(Qwen2DecoderLayer):
+    def __init__(self, config: Qwen2SwiftKVConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Qwen2SwiftKVAttention(config, layer_idx)  # SwiftKV
+
+
+class Qwen2SwiftKVModel(SwiftKVModelMixin, Qwen2Model):
+    config_class = Qwen2SwiftKVConfig
+
+    def __init__(self, config: Qwen2SwiftKVConfig):
+        super().__init__(config)
+        self._init_swiftkv(config, Qwen2SwiftKVDecoderLayer)
+        self.post_init()
+
+
+class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen2ForCausalLM):
+    config_class = Qwen2SwiftKVConfig
+
+    def __init__(self, config: Qwen2SwiftKVConfig):
+        super().__init__(config)
+        self.model = Qwen2SwiftKVModel(config)  # SwiftKV
+        self.post_init()
