@@ -16,6 +16,11 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/analysis.smk"
+include: "workflow/rules/distill.smk"
+include: "workflow/rules/eval.smk"
+include: "workflow/rules/serve.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:

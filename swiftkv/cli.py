@@ -161,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill)
+
+    # --- analysis: simscore, flops (issue 3) ---
+
+    # --- distillation (issue 4) ---
+
+    # --- evaluation (issue 5) ---
+
+    # --- serving benchmarks (issue 6) ---
+
+    # --- vLLM plugin (issue 7) ---
+
     return parser
 
 

@@ -1,0 +1,1 @@
+# Rules of the analysis stage (see the Snakefile index).

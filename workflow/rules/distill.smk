@@ -1,0 +1,1 @@
+# Rules of the distill stage (see the Snakefile index).

@@ -1,0 +1,1 @@
+# Rules of the eval stage (see the Snakefile index).

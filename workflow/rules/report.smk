@@ -1,0 +1,1 @@
+# Rules of the report stage (see the Snakefile index).

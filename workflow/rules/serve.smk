@@ -1,0 +1,1 @@
+# Rules of the serve stage (see the Snakefile index).
