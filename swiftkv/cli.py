@@ -110,6 +110,31 @@ def cmd_bench_prefill(args) -> None:
         )
 
 
+def cmd_flops(args) -> None:
+    import csv
+    import io
+    import json
+
+    from swiftkv.flops import flops_report, load_config
+    from swiftkv.io import write_text
+
+    record = flops_report(load_config(args.model_config), args.num_key_value_layers, args.key_value_group_size,
+                          args.context_length, args.kv_bytes)
+    record = {"model_config": str(args.model_config), **record}
+    if args.format == "json":
+        text = json.dumps(record, indent=2) + "\n"
+    else:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(record), lineterminator="\n")
+        writer.writeheader()
+        writer.writerow(record)
+        text = buf.getvalue()
+    if args.output:
+        write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swiftkv",
@@ -163,6 +188,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_prefill)
 
     # --- analysis: simscore, flops (issue 3) ---
+    p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",
+                       description="Analytical GFLOPs per prefill token broken down as the paper's Table 1 (vocab, "
+                       "kv_proj, qo_proj, mlp, attention at a causal prompt of --context-length tokens, total) for the "
+                       "base model or SwiftKV with l = --num-key-value-layers and g-way AcrossKV, plus the KV-cache "
+                       "bytes per token and their reduction (at --kv-bytes per value and at FP8). See swiftkv.flops.")
+    p.add_argument("--model-config", required=True, help="a config.json file or a model directory (no weights needed)")
+    p.add_argument("--num-key-value-layers", "-l", type=int, default=None, help="l (default: L, the base model)")
+    p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="AcrossKV group size g (default 1)")
+    p.add_argument("--context-length", type=int, default=2048,
+                   help="prompt length S for the attention term (default 2048; the paper's Table 1 fits S=122400)")
+    p.add_argument("--kv-bytes", type=int, default=2, help="bytes per cached K/V value (default 2 = bf16)")
+    p.add_argument("--format", choices=("json", "csv"), default="json", help="one flat JSON object or a one-row CSV")
+    p.add_argument("--output", "-o", default=None, help="file to write (default: stdout)")
+    p.set_defaults(func=cmd_flops)
 
     # --- distillation (issue 4) ---
 
