@@ -110,6 +110,41 @@ def cmd_bench_prefill(args) -> None:
         )
 
 
+def cmd_simscore(args) -> None:
+    import torch
+
+    from swiftkv.data import sharegpt_split
+    from swiftkv.io import atomic_path, write_json
+    from swiftkv.loading import load_model
+    from swiftkv.simscore import SimScoreSettings, measure_simscore
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = SimScoreSettings(
+        num_sequences=args.num_sequences, max_tokens=args.max_tokens, seed=args.seed, batch_size=args.batch_size,
+        outlier_dims=args.outlier_dims, n_resamples=args.n_resamples, confidence_level=args.confidence_level,
+    )
+    if settings.num_sequences < 2 or settings.max_tokens < settings.min_tokens:
+        raise SwiftKVError(f"need --num-sequences >= 2 and --max-tokens >= {settings.min_tokens}")
+    conversations = sharegpt_split("heldout")
+    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype, args.device), resources=args.resources)
+    model.to(args.device)
+    result = measure_simscore(model, tokenizer, conversations, settings)
+    import pandas as pd
+
+    table = pd.DataFrame(result.pop("rows"))
+    table.insert(0, "model", args.name or args.model)
+    with atomic_path(args.output) as tmp:
+        table.to_csv(tmp, index=False)
+    meta = {"model": args.name or args.model, "source": args.model,
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "device": args.device,
+            "torch_threads": torch.get_num_threads(), **result}
+    write_json(args.metadata or str(args.output).rsplit(".", 1)[0] + ".json", meta)
+    cos = table[table.metric == "cosine"].simscore.round(3).tolist()
+    print(f"{meta['model']}: {result['num_sequences']} sequences, {result['num_tokens']} tokens, "
+          f"{result['tokens_per_second']:.0f} tok/s; SimScore by layer: {cos}")
+
+
 def cmd_flops(args) -> None:
     import csv
     import io
@@ -188,6 +223,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_prefill)
 
     # --- analysis: simscore, flops (issue 3) ---
+    p = sub.add_parser("simscore", help="SimScore per layer (paper Eq. 1) with bootstrap CIs, on held-out ShareGPT",
+                       description="Cosine similarity between the input of each layer l and the inputs of every later "
+                       "layer, token-averaged (padding excluded) over a seeded sample of held-out ShareGPT conversations "
+                       "rendered with the model's chat template (plain 'User:/Assistant:' turns if it has none), with a "
+                       "bootstrap CI over sequences. Also writes the diagnostics 'centred' (per-layer token mean removed) "
+                       "and 'no_outliers' (top outlier dims dropped). Writes a CSV (one row per metric and layer) and a "
+                       "JSON of metadata beside it.")
+    _add_model_args(p, dtype="auto")
+    p.add_argument("--output", "-o", required=True, help="CSV to write (metadata goes to the same name with .json)")
+    p.add_argument("--metadata", default=None, help="where to write the metadata JSON (default: beside the CSV)")
+    p.add_argument("--name", default=None, help="model name in the outputs (default: MODEL)")
+    p.add_argument("--num-sequences", type=int, default=64, help="conversations in the sample (default 64)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="truncate each conversation to this many tokens")
+    p.add_argument("--seed", type=int, default=0, help="sample and bootstrap seed")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward (right-padded; padding excluded)")
+    p.add_argument("--outlier-dims", type=int, default=4, help="dims dropped by the no_outliers diagnostic")
+    p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--confidence-level", type=float, default=0.95)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_simscore)
+
     p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",
                        description="Analytical GFLOPs per prefill token broken down as the paper's Table 1 (vocab, "
                        "kv_proj, qo_proj, mlp, attention at a causal prompt of --context-length tokens, total) for the "
