@@ -122,7 +122,8 @@ def cmd_simscore(args) -> None:
         torch.set_num_threads(args.threads)
     settings = SimScoreSettings(
         num_sequences=args.num_sequences, max_tokens=args.max_tokens, seed=args.seed, batch_size=args.batch_size,
-        outlier_dims=args.outlier_dims, n_resamples=args.n_resamples, confidence_level=args.confidence_level,
+        outlier_dims=args.outlier_dims, sink_tokens=args.sink_tokens, n_resamples=args.n_resamples,
+        confidence_level=args.confidence_level,
     )
     if settings.num_sequences < 2 or settings.max_tokens < settings.min_tokens:
         raise SwiftKVError(f"need --num-sequences >= 2 and --max-tokens >= {settings.min_tokens}")
@@ -239,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sample and bootstrap seed")
     p.add_argument("--batch-size", type=int, default=1, help="sequences per forward (right-padded; padding excluded)")
     p.add_argument("--outlier-dims", type=int, default=4, help="dims dropped by the no_outliers diagnostic")
+    p.add_argument("--sink-tokens", type=int, default=1,
+                   help="first positions (massive activations) left out of the two diagnostics (default 1)")
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--confidence-level", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

@@ -300,8 +300,10 @@ def settings_table(config, settings: list[dict], context_length: int) -> list[di
     rows = []
     for s in settings:
         l = layers_for_skip(dims.num_layers, float(s.get("skip", 0.0)))
-        g = nearest_group_size(dims.num_layers - l, int(s.get("group", 1)))
-        rows.append({"setting": s["label"], "skip": float(s.get("skip", 0.0)),
+        wanted = int(s.get("group", 1))
+        g = nearest_group_size(dims.num_layers - l, wanted)
+        label = s["label"].replace(f"{wanted}-way", f"{g}-way") if g != wanted else s["label"]
+        rows.append({"setting": label, "skip": float(s.get("skip", 0.0)),
                      **flops_report(dims, l, g, context_length)})
     return rows
 

@@ -17,6 +17,10 @@ Beside the paper's cosine two diagnostics, computed on the same hidden states:
   content of x_l matches that of later layers.
 - ``no_outliers``: cosine after dropping the ``outlier_dims`` dimensions that carry the largest share of the
   squared norm (per sequence, averaged over layers), i.e. whether the paper's number is carried by those few dims.
+
+Both diagnostics leave out the first position (``sink_tokens``): in all three embedded models the first token
+(BOS / ``<|im_start|>``) carries massive activations (SmolLM2 from layer 12: norm ~25,000 against a median of
+~140), which would dominate a token mean and the outlier ranking. The paper's cosine keeps every token.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class SimScoreSettings:
     seed: int = 0
     batch_size: int = 1
     outlier_dims: int = 4  # dims dropped by the no_outliers diagnostic
+    sink_tokens: int = 1  # first positions left out of the diagnostics (massive activations)
     n_resamples: int = 2000
     confidence_level: float = 0.95
     ci_method: str = "BCa"  # scipy.stats.bootstrap method (falls back to percentile where BCa is undefined)
@@ -76,16 +81,26 @@ def outlier_dimensions(h: torch.Tensor, k: int) -> torch.Tensor:
     return share.mean(dim=0).topk(min(k, h.shape[-1] - 1)).indices  # keep at least one dim
 
 
-def sequence_pair_sums(h: torch.Tensor, outlier_dims: int = 4) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Per-metric (L, L) token sums of the pairwise cosine for one sequence h: (L, T, D) of real tokens only."""
+def sequence_pair_sums(
+    h: torch.Tensor, outlier_dims: int = 4, sink_tokens: int = 1
+) -> tuple[dict[str, torch.Tensor], dict[str, int], torch.Tensor]:
+    """Per-metric (L, L) token sums of the pairwise cosine for one sequence h: (L, T, D) of real tokens only.
+
+    The paper's cosine uses every token; the diagnostics leave out the first ``sink_tokens`` positions, whose
+    massive activations (100x the median norm in the embedded models) would otherwise dominate the token mean
+    and the outlier ranking. Returns (sums, tokens counted per metric, the outlier dims dropped).
+    """
     h = h.float()
     out = {"cosine": _cosine_pair_sums(h)}
-    out["centred"] = _cosine_pair_sums(h - h.mean(dim=1, keepdim=True))
-    dims = outlier_dimensions(h, outlier_dims) if outlier_dims > 0 else torch.empty(0, dtype=torch.long)
+    counts = {"cosine": h.shape[1]}
+    rest = h[:, sink_tokens:] if h.shape[1] > sink_tokens else h
+    out["centred"] = _cosine_pair_sums(rest - rest.mean(dim=1, keepdim=True))
+    dims = outlier_dimensions(rest, outlier_dims) if outlier_dims > 0 else torch.empty(0, dtype=torch.long)
     keep = torch.ones(h.shape[-1], dtype=torch.bool)
     keep[dims] = False
-    out["no_outliers"] = _cosine_pair_sums(h[..., keep])
-    return out, dims
+    out["no_outliers"] = _cosine_pair_sums(rest[..., keep])
+    counts["centred"] = counts["no_outliers"] = rest.shape[1]
+    return out, counts, dims
 
 
 def simscore_from_pairs(pairs: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -97,36 +112,37 @@ def simscore_from_pairs(pairs: torch.Tensor | np.ndarray) -> np.ndarray:
     return sums / (L - 1 - np.arange(L - 1))
 
 
-def simscore(hidden: torch.Tensor, mask: torch.Tensor | None = None, outlier_dims: int = 4) -> dict[str, np.ndarray]:
+def simscore(
+    hidden: torch.Tensor, mask: torch.Tensor | None = None, outlier_dims: int = 4, sink_tokens: int = 1
+) -> dict[str, np.ndarray]:
     """SimScore per metric for a batch. hidden: (L, B, T, D) layer inputs; mask: (B, T), 1 = real token.
 
     Returns per metric the token-pooled SimScore (L-1,) over the whole batch.
     """
-    acc = accumulate(hidden, mask, outlier_dims)
-    n = acc["tokens"].sum()
-    return {m: acc[m].sum(axis=0) / n for m in METRICS}
+    acc = accumulate(hidden, mask, outlier_dims, sink_tokens)
+    return {m: acc[m].sum(axis=0) / acc["tokens"][m].sum() for m in METRICS}
 
 
-def accumulate(hidden: torch.Tensor, mask: torch.Tensor | None, outlier_dims: int) -> dict[str, np.ndarray]:
-    """Per-sequence token sums of SimScore (B, L-1) for each metric, token counts (B,) and chosen outlier dims."""
+def accumulate(hidden: torch.Tensor, mask: torch.Tensor | None, outlier_dims: int = 4, sink_tokens: int = 1) -> dict:
+    """Per-sequence token sums of SimScore (B, L-1) and token counts (B,) for each metric, and the outlier dims."""
     L, B, T, _ = hidden.shape
     if mask is None:
         mask = torch.ones(B, T, dtype=torch.long)
     out = {m: [] for m in METRICS}
-    out["tokens"], out["outliers"] = [], []
+    tokens = {m: [] for m in METRICS}
+    outliers = []
     for b in range(B):
         real = mask[b].bool()
-        n = int(real.sum())
-        if n == 0:
+        if int(real.sum()) == 0:
             continue
-        pairs, dims = sequence_pair_sums(hidden[:, b, real], outlier_dims)  # padding excluded here
+        pairs, counts, dims = sequence_pair_sums(hidden[:, b, real], outlier_dims, sink_tokens)  # padding excluded
         for m in METRICS:
             out[m].append(simscore_from_pairs(pairs[m].cpu().numpy()))
-        out["tokens"].append(n)
-        out["outliers"].append(dims.tolist())
+            tokens[m].append(counts[m])
+        outliers.append(dims.tolist())
     result = {m: np.stack(out[m]) if out[m] else np.zeros((0, L - 1)) for m in METRICS}
-    result["tokens"] = np.asarray(out["tokens"], dtype=np.float64)
-    result["outliers"] = out["outliers"]
+    result["tokens"] = {m: np.asarray(tokens[m], dtype=np.float64) for m in METRICS}
+    result["outliers"] = outliers
     return result
 
 
@@ -230,41 +246,42 @@ def measure_simscore(model, tokenizer, conversations, settings: SimScoreSettings
     seqs, conv_ids, templated = encode_sample(tokenizer, conversations, settings)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     parts = {m: [] for m in METRICS}
-    tokens, outliers = [], Counter()
+    tokens, outliers = {m: [] for m in METRICS}, Counter()
     t0 = time.perf_counter()
     bar = tqdm(total=sum(len(s) for s in seqs), desc="simscore", unit="tok", disable=not progress)
     for ids, mask in batches(seqs, settings.batch_size, pad_id):
         out = inner(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, use_cache=False)
         hidden = layer_inputs(out.hidden_states, L).float().cpu()  # (L, B, T, D)
-        acc = accumulate(hidden, mask, settings.outlier_dims)
+        acc = accumulate(hidden, mask, settings.outlier_dims, settings.sink_tokens)
         for m in METRICS:
             parts[m].append(acc[m])
-        tokens.append(acc["tokens"])
+            tokens[m].append(acc["tokens"][m])
         outliers.update(d for dims in acc["outliers"] for d in dims)
         bar.update(int(mask.sum()))
     bar.close()
     elapsed = time.perf_counter() - t0
-    tokens = np.concatenate(tokens)
+    tokens = {m: np.concatenate(tokens[m]) for m in METRICS}
     rows = []
     for m in METRICS:
         sums = np.concatenate(parts[m])  # (S, L-1)
-        value = sums.sum(axis=0) / tokens.sum()
-        low, high = bootstrap_ci(sums, tokens, settings)
+        value = sums.sum(axis=0) / tokens[m].sum()
+        low, high = bootstrap_ci(sums, tokens[m], settings)
         for l in range(L - 1):
             rows.append({"metric": m, "layer": l, "num_layers": L, "depth": l / L, "simscore": float(value[l]),
-                         "ci_low": float(low[l]), "ci_high": float(high[l])})
+                         "ci_low": float(low[l]), "ci_high": float(high[l]), "tokens": int(tokens[m].sum())})
     return {
         "rows": rows,
         "num_layers": L,
         "num_sequences": len(seqs),
-        "num_tokens": int(tokens.sum()),
-        "tokens_per_sequence": {"min": int(tokens.min()), "median": float(np.median(tokens)), "max": int(tokens.max())},
+        "num_tokens": int(tokens["cosine"].sum()),
+        "tokens_per_sequence": {"min": int(tokens["cosine"].min()), "median": float(np.median(tokens["cosine"])),
+                                "max": int(tokens["cosine"].max())},
         "chat_template": templated,
         "rendering": "tokenizer chat template" if templated else "plain text turns 'User: ...' / 'Assistant: ...' (no chat template)",
         "conversation_ids": conv_ids,
         "outlier_dims_most_common": [[int(d), c] for d, c in outliers.most_common(2 * settings.outlier_dims)],
         "seconds": elapsed,
-        "tokens_per_second": float(tokens.sum()) / elapsed if elapsed > 0 else None,
+        "tokens_per_second": float(tokens["cosine"].sum()) / elapsed if elapsed > 0 else None,
         "settings": asdict(settings),
     }
 

@@ -187,3 +187,10 @@ def test_cli_errors_are_one_line(capsys):
     assert err == "error: key_value_group_size=5 does not divide the 16 layers after l=16"
     assert main(["flops", "--model-config", "/nonexistent/config.json"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_snapped_group_size_shows_in_the_label():
+    cfg = hand_config(num_hidden_layers=6)  # 50% -> l=3, 3 later layers: 4-way snaps to 3-way
+    (row,) = settings_table(cfg, [{"label": "50% SwiftKV + 4-way AcrossKV", "skip": 0.5, "group": 4}], 16)
+    assert (row["num_key_value_layers"], row["key_value_group_size"]) == (3, 3)
+    assert row["setting"] == "50% SwiftKV + 3-way AcrossKV"

@@ -60,11 +60,24 @@ def test_padding_is_ignored():
     batch[:, 1, :5] = b[:, 0]
     batch[:, 1, 5:] = 1e6 * torch.randn(3, 4, 8)  # garbage in the padding
     mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
-    got = simscore(batch, mask)
+    got = simscore(batch, mask, sink_tokens=0)
     # pooled over the 14 real tokens = token-weighted mean of the two sequences' own SimScores
-    sa, sb = simscore(a), simscore(b)
+    sa, sb = simscore(a, sink_tokens=0), simscore(b, sink_tokens=0)
     for m in got:
         np.testing.assert_allclose(got[m], (9 * sa[m] + 5 * sb[m]) / 14, atol=1e-6)
+    # with the first position left out of the diagnostics: 8 + 4 tokens there, 9 + 5 for the paper's cosine
+    got, sa, sb = simscore(batch, mask), simscore(a), simscore(b)
+    np.testing.assert_allclose(got["cosine"], (9 * sa["cosine"] + 5 * sb["cosine"]) / 14, atol=1e-6)
+    np.testing.assert_allclose(got["centred"], (8 * sa["centred"] + 4 * sb["centred"]) / 12, atol=1e-6)
+
+
+def test_a_massive_first_token_does_not_drive_the_diagnostics():
+    g = torch.Generator().manual_seed(1)
+    L, T, D = 4, 300, 64
+    h = torch.randn(L, 1, T, D, generator=g)  # unrelated token content in every layer
+    h[:, 0, 0, 5] = 1e5  # the attention-sink token's massive activation, the same in every layer
+    np.testing.assert_allclose(simscore(h, sink_tokens=1)["centred"], 0.0, atol=0.05)
+    assert simscore(h, sink_tokens=0)["centred"].min() > 0.9  # the token mean would carry it into every token
 
 
 def test_diagnostics_see_through_a_shared_outlier_dimension():
