@@ -90,7 +90,16 @@ def cmd_bench_prefill(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = _resolve_dtype(args.dtype, args.device)
-    model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
+    if args.random_weights:  # timing only: a config is enough, no weights or hub needed
+        from transformers import AutoModelForCausalLM
+
+        from swiftkv.flops import load_config
+
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(load_config(args.model), dtype=dtype).eval()
+    else:
+        model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
     model.to(args.device)
     settings = PrefillBench(
         lengths=args.lengths,
@@ -101,7 +110,8 @@ def cmd_bench_prefill(args) -> None:
         include_noskip=args.include_noskip,
     )
     result = bench_prefill(model, settings)
-    result["model"] = args.model
+    result["model"] = args.name or args.model
+    result["random_weights"] = bool(args.random_weights)
     write_json(args.output, result)
     for row in result["results"]:
         print(
@@ -220,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config.json (or a directory holding one): time a randomly initialised model of "
+                   "that shape (e.g. config/models/llama-3.1-8b-instruct.json on a GPU, no hub needed)")
+    p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill)
 
