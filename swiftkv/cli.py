@@ -23,6 +23,15 @@ def _resolve_dtype(name: str, device: str = "cpu"):
     return fast_dtype(device) if name == "auto" else parse_dtype(name)
 
 
+def _resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' where a GPU is visible, else 'cpu'; anything else as given."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cmd_prepare_model(args) -> None:
     from swiftkv.assets import EMBEDDED_MODELS, prepare_model
 
@@ -89,6 +98,7 @@ def cmd_bench_prefill(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.device = _resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, args.device)
     if args.random_weights:  # timing only: a config is enough, no weights or hub needed
         from transformers import AutoModelForCausalLM
@@ -138,6 +148,7 @@ def cmd_simscore(args) -> None:
     if settings.num_sequences < 2 or settings.max_tokens < settings.min_tokens:
         raise SwiftKVError(f"need --num-sequences >= 2 and --max-tokens >= {settings.min_tokens}")
     conversations = sharegpt_split("heldout")
+    args.device = _resolve_device(args.device)
     model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype, args.device), resources=args.resources)
     model.to(args.device)
     result = measure_simscore(model, tokenizer, conversations, settings)
@@ -228,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
     p.add_argument("--random-weights", action="store_true",
                    help="MODEL is a config.json (or a directory holding one): time a randomly initialised model of "
@@ -259,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--confidence-level", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.set_defaults(func=cmd_simscore)
 
     p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",
