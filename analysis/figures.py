@@ -45,6 +45,7 @@ def simscore_figure(df: pd.DataFrame, threshold: float = 0.5, subtitle: str = ""
                 ax.annotate(f"l={l}/{L}", (l / L, y), xytext=(4, -14 - 11 * i), textcoords="offset points",
                             ha="left", fontsize=8, color=color, fontweight="bold")
         ax.axhline(threshold, color="0.3", ls="--", lw=1)
+        ax.axvline(0.5, color="0.6", ls=":", lw=1)  # half depth: where the paper finds the 0.5 crossing
         ax.set_title(f"{title}\n{claim}", fontsize=8.5, loc="left")
         ax.set_xlabel("depth l / L  (input of layer l; SwiftKV keeps l layers)")
         ax.set_xlim(0, 1)
