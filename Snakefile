@@ -26,3 +26,7 @@ include: "workflow/rules/report.smk"
 rule all:
     input:
         expand("results/bench/prefill/{model}.json", model=config["bench_prefill"]["models"]),
+        "reports/table1.csv",
+        "reports/table_kv_memory.csv",
+        "reports/figure2_simscore.png",
+        "reports/figure2_forward_time.png",

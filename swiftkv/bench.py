@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swiftkv.convert import convert_to_swiftkv
+from swiftkv.flops import prefill_flops
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def summarize(times: list[float]) -> dict:
 @dataclass
 class PrefillBench:
     lengths: list[int] = field(default_factory=lambda: [512, 2048])
-    fractions: list[float] = field(default_factory=lambda: [0.5, 0.25])  # kept fraction of layers: l = L * f
+    fractions: list[float] = field(default_factory=lambda: [0.5, 0.25])  # kept fraction of layers: l = L * f (1.0 = base)
     batch_size: int = 1
     warmup: int = 2
     repeats: int = 5
@@ -91,6 +92,8 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
     variants = {"base": model}
     for f in settings.fractions:
         l = kept_layers(num_layers, f)
+        if l == num_layers or f"swiftkv-l{l}" in variants:
+            continue  # l = L is the base model itself
         student = convert_to_swiftkv(model, l)
         variants[f"swiftkv-l{l}"] = student
         if settings.include_noskip:
@@ -114,8 +117,14 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
                     times[name].append(time.perf_counter() - t0)
                 bar.update()
         base = statistics.median(times["base"])
+        base_flops = prefill_flops(model.config, length, logits_to_keep=1)["total"]
         for name, ts in times.items():
             m = variants[name]
+            l = getattr(m.config, "num_key_value_layers", num_layers)
+            flops = prefill_flops(model.config, length, l, getattr(m.config, "key_value_group_size", 1),
+                                  logits_to_keep=1)["total"]
+            if name.endswith("-noskip"):
+                flops = base_flops  # every position runs every layer
             row = {
                 "variant": name,
                 "num_key_value_layers": getattr(m.config, "num_key_value_layers", num_layers),
@@ -124,6 +133,8 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
                 "batch_size": settings.batch_size,
                 **summarize(ts),
             }
+            row["predicted_flops"] = flops * settings.batch_size  # swiftkv.flops.prefill_flops, this forward
+            row["predicted_ratio"] = flops / base_flops
             row["speedup"] = base / row["median_s"]
             row["paired_speedup_median"] = statistics.median(b / t for b, t in zip(times["base"], ts))
             rows.append(row)

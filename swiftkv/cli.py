@@ -23,6 +23,15 @@ def _resolve_dtype(name: str, device: str = "cpu"):
     return fast_dtype(device) if name == "auto" else parse_dtype(name)
 
 
+def _resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' where a GPU is visible, else 'cpu'; anything else as given."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cmd_prepare_model(args) -> None:
     from swiftkv.assets import EMBEDDED_MODELS, prepare_model
 
@@ -89,8 +98,18 @@ def cmd_bench_prefill(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.device = _resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, args.device)
-    model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
+    if args.random_weights:  # timing only: a config is enough, no weights or hub needed
+        from transformers import AutoModelForCausalLM
+
+        from swiftkv.flops import load_config
+
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(load_config(args.model), dtype=dtype).eval()
+    else:
+        model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
     model.to(args.device)
     settings = PrefillBench(
         lengths=args.lengths,
@@ -101,13 +120,76 @@ def cmd_bench_prefill(args) -> None:
         include_noskip=args.include_noskip,
     )
     result = bench_prefill(model, settings)
-    result["model"] = args.model
+    result["model"] = args.name or args.model
+    result["random_weights"] = bool(args.random_weights)
     write_json(args.output, result)
     for row in result["results"]:
         print(
             f"{row['variant']:>22} len={row['length']:>5}  median {row['median_s'] * 1e3:8.1f} ms"
             f"  [{row['q1_s'] * 1e3:.1f}, {row['q3_s'] * 1e3:.1f}]  speedup {row['speedup']:.2f}x"
         )
+
+
+def cmd_simscore(args) -> None:
+    import torch
+
+    from swiftkv.data import sharegpt_split
+    from swiftkv.io import atomic_path, write_json
+    from swiftkv.loading import load_model
+    from swiftkv.simscore import SimScoreSettings, measure_simscore
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = SimScoreSettings(
+        num_sequences=args.num_sequences, max_tokens=args.max_tokens, seed=args.seed, batch_size=args.batch_size,
+        outlier_dims=args.outlier_dims, sink_tokens=args.sink_tokens, n_resamples=args.n_resamples,
+        confidence_level=args.confidence_level,
+    )
+    if settings.num_sequences < 2 or settings.max_tokens < settings.min_tokens:
+        raise SwiftKVError(f"need --num-sequences >= 2 and --max-tokens >= {settings.min_tokens}")
+    conversations = sharegpt_split("heldout")
+    args.device = _resolve_device(args.device)
+    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype, args.device), resources=args.resources)
+    model.to(args.device)
+    result = measure_simscore(model, tokenizer, conversations, settings)
+    import pandas as pd
+
+    table = pd.DataFrame(result.pop("rows"))
+    table.insert(0, "model", args.name or args.model)
+    with atomic_path(args.output) as tmp:
+        table.to_csv(tmp, index=False)
+    meta = {"model": args.name or args.model, "source": args.model,
+            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "device": args.device,
+            "torch_threads": torch.get_num_threads(), **result}
+    write_json(args.metadata or str(args.output).rsplit(".", 1)[0] + ".json", meta)
+    cos = table[table.metric == "cosine"].simscore.round(3).tolist()
+    print(f"{meta['model']}: {result['num_sequences']} sequences, {result['num_tokens']} tokens, "
+          f"{result['tokens_per_second']:.0f} tok/s; SimScore by layer: {cos}")
+
+
+def cmd_flops(args) -> None:
+    import csv
+    import io
+    import json
+
+    from swiftkv.flops import flops_report, load_config
+    from swiftkv.io import write_text
+
+    record = flops_report(load_config(args.model_config), args.num_key_value_layers, args.key_value_group_size,
+                          args.context_length, args.kv_bytes)
+    record = {"model_config": str(args.model_config), **record}
+    if args.format == "json":
+        text = json.dumps(record, indent=2) + "\n"
+    else:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(record), lineterminator="\n")
+        writer.writeheader()
+        writer.writerow(record)
+        text = buf.getvalue()
+    if args.output:
+        write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,12 +239,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config.json (or a directory holding one): time a randomly initialised model of "
+                   "that shape (e.g. config/models/llama-3.1-8b-instruct.json on a GPU, no hub needed)")
+    p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill)
 
     # --- analysis: simscore, flops (issue 3) ---
+    p = sub.add_parser("simscore", help="SimScore per layer (paper Eq. 1) with bootstrap CIs, on held-out ShareGPT",
+                       description="Cosine similarity between the input of each layer l and the inputs of every later "
+                       "layer, token-averaged (padding excluded) over a seeded sample of held-out ShareGPT conversations "
+                       "rendered with the model's chat template (plain 'User:/Assistant:' turns if it has none), with a "
+                       "bootstrap CI over sequences. Also writes the diagnostics 'centred' (per-layer token mean removed) "
+                       "and 'no_outliers' (top outlier dims dropped). Writes a CSV (one row per metric and layer) and a "
+                       "JSON of metadata beside it.")
+    _add_model_args(p, dtype="auto")
+    p.add_argument("--output", "-o", required=True, help="CSV to write (metadata goes to the same name with .json)")
+    p.add_argument("--metadata", default=None, help="where to write the metadata JSON (default: beside the CSV)")
+    p.add_argument("--name", default=None, help="model name in the outputs (default: MODEL)")
+    p.add_argument("--num-sequences", type=int, default=64, help="conversations in the sample (default 64)")
+    p.add_argument("--max-tokens", type=int, default=1024, help="truncate each conversation to this many tokens")
+    p.add_argument("--seed", type=int, default=0, help="sample and bootstrap seed")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward (right-padded; padding excluded)")
+    p.add_argument("--outlier-dims", type=int, default=4, help="dims dropped by the no_outliers diagnostic")
+    p.add_argument("--sink-tokens", type=int, default=1,
+                   help="first positions (massive activations) left out of the two diagnostics (default 1)")
+    p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--confidence-level", type=float, default=0.95)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
+    p.set_defaults(func=cmd_simscore)
+
+    p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",
+                       description="Analytical GFLOPs per prefill token broken down as the paper's Table 1 (vocab, "
+                       "kv_proj, qo_proj, mlp, attention at a causal prompt of --context-length tokens, total) for the "
+                       "base model or SwiftKV with l = --num-key-value-layers and g-way AcrossKV, plus the KV-cache "
+                       "bytes per token and their reduction (at --kv-bytes per value and at FP8). See swiftkv.flops.")
+    p.add_argument("--model-config", required=True, help="a config.json file or a model directory (no weights needed)")
+    p.add_argument("--num-key-value-layers", "-l", type=int, default=None, help="l (default: L, the base model)")
+    p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="AcrossKV group size g (default 1)")
+    p.add_argument("--context-length", type=int, default=2048,
+                   help="prompt length S for the attention term (default 2048; the paper's Table 1 fits S=122400)")
+    p.add_argument("--kv-bytes", type=int, default=2, help="bytes per cached K/V value (default 2 = bf16)")
+    p.add_argument("--format", choices=("json", "csv"), default="json", help="one flat JSON object or a one-row CSV")
+    p.add_argument("--output", "-o", default=None, help="file to write (default: stdout)")
+    p.set_defaults(func=cmd_flops)
 
     # --- distillation (issue 4) ---
 

@@ -1,1 +1,127 @@
-# Rules of the analysis stage (see the Snakefile index).
+# Rules of the analysis stage (see the Snakefile index): SimScore (Fig. 2 left/middle), FLOPs and KV memory
+# (Table 1, AcrossKV memory), forward time vs prefill tokens (Fig. 2 right).
+
+
+def model_config_input(wildcards):
+    """Where a model's config.json comes from: the prepared embedded model, else config/models/<id>.json."""
+    spec = MODELS.get(wildcards.model)
+    if spec is not None and spec["source"] == "embedded":
+        return model_input(wildcards)
+    return [f"config/models/{wildcards.model}.json"]
+
+
+def flops_context_length(wildcards):
+    """The paper's Table 1 models at the paper's (fitted) prompt length, every other model at the profile's."""
+    cfg = config["flops"]
+    return cfg["reference_context_length"] if wildcards.model in cfg["table1_models"] else cfg["context_length"]
+
+
+FLOPS_TABLE1_MODELS = list(dict.fromkeys(config["flops"]["table1_models"] + list(MODELS)))
+FLOPS_KV_MODELS = list(dict.fromkeys(config["flops"]["kv_memory_models"] + list(MODELS)))
+
+
+rule compute_flops:
+    input:
+        model_config_input,
+    output:
+        "results/flops/{model}.json",
+    log:
+        "logs/compute_flops/{model}.log",
+    params:
+        context_length=flops_context_length,
+        settings=config["flops"]["settings"],
+        kv_skip=config["flops"]["kv_memory_skip"],
+    script:
+        "../scripts/compute_flops.py"
+
+
+rule make_table1:
+    input:
+        expand("results/flops/{model}.json", model=FLOPS_TABLE1_MODELS),
+    output:
+        csv=report("reports/table1.csv", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
+        md=report("reports/table1.md", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
+    log:
+        "logs/make_table1/table1.log",
+    script:
+        "../scripts/make_table1.py"
+
+
+rule make_table_kv_memory:
+    input:
+        expand("results/flops/{model}.json", model=FLOPS_KV_MODELS),
+    output:
+        csv=report("reports/table_kv_memory.csv", caption="../report/table_kv_memory.rst", category="KV memory"),
+        md=report("reports/table_kv_memory.md", caption="../report/table_kv_memory.rst", category="KV memory"),
+    log:
+        "logs/make_table_kv_memory/table_kv_memory.log",
+    script:
+        "../scripts/make_table_kv_memory.py"
+
+
+rule compute_simscore:
+    input:
+        model_input,
+    output:
+        csv="results/simscore/{model}.csv",
+        meta="results/simscore/{model}.json",
+    log:
+        "logs/compute_simscore/{model}.log",
+    benchmark:
+        "benchmarks/compute_simscore/{model}.tsv"
+    params:
+        source=model_source,
+        cfg=config["simscore"],
+    threads: workflow.cores  # forward passes use every core; one model at a time
+    shell:
+        "swiftkv simscore {params.source} --name {wildcards.model} --dtype auto --threads {threads}"
+        " --num-sequences {params.cfg[num_sequences]} --max-tokens {params.cfg[max_tokens]}"
+        " --seed {params.cfg[seed]} --batch-size {params.cfg[batch_size]}"
+        " --outlier-dims {params.cfg[outlier_dims]} --sink-tokens {params.cfg[sink_tokens]}"
+        " --n-resamples {params.cfg[n_resamples]}"
+        " --output {output.csv} --metadata {output.meta} > {log} 2>&1"
+
+
+rule plot_simscore:
+    input:
+        csv=expand("results/simscore/{model}.csv", model=config["simscore"]["models"]),
+        meta=expand("results/simscore/{model}.json", model=config["simscore"]["models"]),
+    output:
+        figure=report("reports/figure2_simscore.png", caption="../report/figure2_simscore.rst", category="Figure 2"),
+        crossings=report("reports/simscore_crossings.csv", caption="../report/simscore_crossings.rst",
+                         category="Figure 2"),
+    log:
+        "logs/plot_simscore/figure2_simscore.log",
+    script:
+        "../scripts/plot_simscore.py"
+
+
+rule bench_forward_time:
+    input:
+        model_input,
+    output:
+        "results/prefill_time/{model}.json",
+    log:
+        "logs/bench_forward_time/{model}.log",
+    benchmark:
+        "benchmarks/bench_forward_time/{model}.tsv"
+    params:
+        source=model_source,
+        cfg=config["prefill_time"],
+    threads: workflow.cores  # a timing job runs alone
+    shell:
+        "swiftkv bench prefill {params.source} --dtype auto --threads {threads}"
+        " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"
+        " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
+        " --output {output} > {log} 2>&1"
+
+
+rule plot_forward_time:
+    input:
+        expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
+    output:
+        report("reports/figure2_forward_time.png", caption="../report/figure2_forward_time.rst", category="Figure 2"),
+    log:
+        "logs/plot_forward_time/figure2_forward_time.log",
+    script:
+        "../scripts/plot_forward_time.py"

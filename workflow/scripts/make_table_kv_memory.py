@@ -1,0 +1,13 @@
+"""Adapter for rule make_table_kv_memory: KV-cache bytes per token and AcrossKV / FP8 reductions."""
+
+import logging
+
+from analysis.io import paper_table, read_flops, write_csv, write_text
+from analysis.tables import kv_memory, kv_memory_markdown
+
+logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
+
+t = kv_memory(read_flops(snakemake.input, "kv_memory"), paper_table("kv_memory"))  # noqa: F821
+write_csv(t, snakemake.output.csv)  # noqa: F821
+write_text(kv_memory_markdown(t), snakemake.output.md)  # noqa: F821
+logging.info("\n%s", kv_memory_markdown(t))
