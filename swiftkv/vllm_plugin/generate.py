@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="KV-cache size in GiB: VLLM_CPU_KVCACHE_SPACE (CPU build)")
+    p.add_argument("--skip-tokenizer-init", action="store_true", help="model dir without a tokenizer (ids only)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--output", "-o", required=True)
     args = p.parse_args(argv)
@@ -48,11 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         engine_args.update(max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
     if args.max_num_seqs:
         engine_args["max_num_seqs"] = args.max_num_seqs
+    if args.skip_tokenizer_init:
+        engine_args["skip_tokenizer_init"] = True
     start = time.perf_counter()
     llm = LLM(**engine_args)
     startup_s = time.perf_counter() - start
     cache = llm.llm_engine.vllm_config.cache_config
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=False)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                            detokenize=not args.skip_tokenizer_init)
     start = time.perf_counter()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     generate_s = time.perf_counter() - start
@@ -62,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         "text": [o.outputs[0].text for o in outputs],
         "kv_cache_blocks": cache.num_gpu_blocks,
         "block_size": cache.block_size,
-        "kv_cache_tokens": cache.num_gpu_blocks * cache.block_size,
+        "kv_cache_tokens": cache.num_gpu_blocks * cache.block_size,  # blocks x tokens per block
+        "kv_cache_size_tokens": getattr(cache, "kv_cache_size_tokens", None),  # what the engine logs (per-request
+        "kv_cache_max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),  # block rounding)
         "kv_sharing_fast_prefill": cache.kv_sharing_fast_prefill,
         "stats": llm.apply_model(model_stats)[0],
         "engine_args": engine_args,
