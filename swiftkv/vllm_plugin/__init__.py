@@ -6,9 +6,9 @@ where this package is installed serves a SwiftKV checkpoint directory directly: 
 
 1. registers the SwiftKV configs with transformers' ``AutoConfig`` (``swiftkv.configuration``: config classes only);
 2. registers the model classes (``swiftkv.vllm_plugin.model``, imported lazily by vLLM) with ``ModelRegistry``;
-3. adds a per-architecture config hook that turns on the engine's ``kv_sharing_fast_prefill`` for checkpoints with
-   ``swiftkv: true`` and l < L — the engine then restricts the layers >= l to the tokens it samples (the prefill
-   skip). Set ``SWIFTKV_VLLM_PREFILL_SKIP=0`` to leave it off: every token then runs every layer (same generated
+3. adds a per-architecture config hook that, for checkpoints with ``swiftkv: true`` and l < L, turns on the
+   engine's ``kv_sharing_fast_prefill`` — the engine then restricts the layers >= l to the tokens it samples (the
+   prefill skip) — and ``enforce_eager`` (CUDA graphs / torch.compile of this path are not verified). Set ``SWIFTKV_VLLM_PREFILL_SKIP=0`` to leave it off: every token then runs every layer (same generated
    tokens, slower), which is what prompt-logprob requests need (the engine rejects them under fast prefill).
 
 Built against one vLLM release (``SUPPORTED_VLLM``); any other fails at plugin load with one line.
@@ -58,7 +58,7 @@ def _config_hook():
     from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
     class SwiftKVConfig(VerifyAndUpdateConfig):
-        """Turns on the engine's fast prefill for KV-sharing models when a checkpoint skips prefill layers."""
+        """Fast prefill for KV-sharing models (and eager execution) when a checkpoint skips prefill layers."""
 
         @staticmethod
         def verify_and_update_config(vllm_config) -> None:
@@ -67,6 +67,11 @@ def _config_hook():
             if not getattr(hf_config, "swiftkv", False) or l >= hf_config.num_hidden_layers:
                 return
             cache_config = vllm_config.cache_config
+            if not vllm_config.model_config.enforce_eager:
+                # the boundary's cache writes and the per-step token selection are verified eagerly only;
+                # CUDA graphs / torch.compile of this path are not
+                vllm_config.model_config.enforce_eager = True
+                logger.info("SwiftKV: running the model eagerly (enforce_eager)")
             if not prefill_skip_enabled():
                 logger.info("SwiftKV: prefill skip off (%s=0); every token runs all %d layers",
                             PREFILL_SKIP_ENV, hf_config.num_hidden_layers)
