@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import os
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's logger, so that vLLM's handlers print these lines beside the engine's own.
+logger = logging.getLogger("vllm.swiftkv_plugin")
 
 SUPPORTED_VLLM = "0.32"  # major.minor of the vLLM whose internals (KV sharing, fast prefill metadata) this uses
 PREFILL_SKIP_ENV = "SWIFTKV_VLLM_PREFILL_SKIP"

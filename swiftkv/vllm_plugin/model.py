@@ -19,7 +19,6 @@ gives the same sampled tokens and also correct prompt logprobs.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -46,7 +45,6 @@ from vllm.v1.attention.backends.utils import KVSharingFastPrefillMetadata
 
 from swiftkv.errors import SwiftKVError
 
-logger = logging.getLogger(__name__)
 
 STATS_ENV = "SWIFTKV_VLLM_STATS"  # "1": count tokens per step (tests read them through LLM.apply_model)
 
