@@ -194,9 +194,10 @@ def test_acrosskv_cache_holds_more_tokens(engine_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_tiny_random_family_matches_transformers(tmp_path, family):
-    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4."""
+@pytest.mark.parametrize("family,teacher", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_tiny_random_family_matches_transformers(tmp_path, family, teacher):
+    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
+    and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
     from tests.conftest import random_ids, tiny_base
 
     from swiftkv import convert_to_swiftkv
@@ -204,7 +205,7 @@ def test_tiny_random_family_matches_transformers(tmp_path, family):
     python = _vllm_python_or_skip()
     # head_dim 32: the smallest the CPU attention backend runs
     base = tiny_base(family, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-    student = convert_to_swiftkv(base, 2, 2)
+    student = convert_to_swiftkv(base, 2, 2).swiftkv(not teacher)
     student.save_pretrained(tmp_path / "ckpt")
     prompts = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 37, 12, 50)]
     reference = []
@@ -224,4 +225,8 @@ def test_tiny_random_family_matches_transformers(tmp_path, family):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = json.loads((tmp_path / "out.json").read_text())
     assert run["token_ids"] == reference
-    assert run["stats"]["tokens_past_boundary"] < run["stats"]["tokens"]
+    if teacher:  # every layer is a teacher layer: no boundary, no KV sharing
+        assert run["stats"] is None or run["stats"]["steps"] == 0
+        assert run["kv_sharing_fast_prefill"] is False
+    else:
+        assert run["stats"]["tokens_past_boundary"] < run["stats"]["tokens"]
