@@ -2,14 +2,39 @@
 
 ``import swiftkv`` registers the SwiftKV model types (``llama_swiftkv``, ``mistral_swiftkv``, ``qwen2_swiftkv``)
 with transformers' Auto classes, so ``AutoModelForCausalLM.from_pretrained`` loads SwiftKV checkpoints.
+
+The configs need nothing but transformers' config classes; the model classes are diffs on one transformers
+version (see pyproject.toml). Where they cannot be imported (another transformers, e.g. the vLLM venv's), only the
+configs are registered: enough for the vLLM plugin (``swiftkv.vllm_plugin``), which has its own model classes.
 """
 
-from swiftkv.convert import convert_to_swiftkv, set_trainable
+import logging
+
+from swiftkv.configuration import register_configs
 from swiftkv.errors import SwiftKVError
-from swiftkv.models import register
 
 __version__ = "0.1.0"
 
-register()
+register_configs()
+try:
+    from swiftkv.models import register
+except ImportError as err:  # a transformers whose internals the model classes were not written for
+    logging.getLogger(__name__).debug("SwiftKV transformers model classes unavailable: %s", err)
 
-__all__ = ["convert_to_swiftkv", "register", "set_trainable", "SwiftKVError", "__version__"]
+    def register() -> None:  # type: ignore[no-redef]
+        raise SwiftKVError(f"the SwiftKV transformers model classes cannot be imported here ({err}); "
+                           "use the transformers version pinned in pyproject.toml")
+else:
+    register()
+
+
+def __getattr__(name: str):
+    # conversion imports the model classes: loaded on first use, so configs-only environments can import swiftkv
+    if name in ("convert_to_swiftkv", "set_trainable"):
+        from swiftkv import convert
+
+        return getattr(convert, name)
+    raise AttributeError(f"module 'swiftkv' has no attribute {name!r}")
+
+
+__all__ = ["convert_to_swiftkv", "register", "register_configs", "set_trainable", "SwiftKVError", "__version__"]

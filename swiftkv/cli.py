@@ -190,6 +190,30 @@ def cmd_flops(args) -> None:
         write_text(args.output, text)
     else:
         sys.stdout.write(text)
+def cmd_bench_vllm(args) -> None:
+    from pathlib import Path
+
+    from swiftkv.io import write_json
+    from swiftkv.loading import resolve_model
+    from swiftkv.vllm_bench import ThroughputBench, bench_vllm_throughput, vllm_python
+
+    models = {}
+    for item in args.models:
+        label, sep, name = item.partition("=")
+        if not sep or not label or not name:
+            raise SwiftKVError(f"model {item!r} is not LABEL=MODEL (e.g. base=smollm2-135m swiftkv=results/ckpt)")
+        models[label] = resolve_model(name, args.resources)
+    settings = ThroughputBench(
+        input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts, repeats=args.repeats,
+        dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, kv_cache_bytes=args.kv_cache_bytes,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
+    workdir = Path(args.workdir or Path(args.output).with_suffix(""))
+    result = bench_vllm_throughput(models, settings, vllm_python(args.vllm_venv), workdir)
+    write_json(args.output, result)
+    for row in result["results"]:
+        print(f"{row['label']:>12} l={row['num_key_value_layers']:>3} g={row['key_value_group_size']}"
+              f"  {row['tokens_per_s']:8.1f} tok/s  speedup {row['speedup']:.2f}x"
+              f"  KV cache {row['kv_cache_tokens']} tokens ({row['kv_cache_ratio']:.2f}x)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,6 +319,27 @@ def build_parser() -> argparse.ArgumentParser:
     # --- serving benchmarks (issue 6) ---
 
     # --- vLLM plugin (issue 7) ---
+    p = bench.add_parser("vllm", help="vLLM throughput of a base model vs SwiftKV checkpoints (plugin), same run",
+                         description="Runs vLLM's own `vllm bench throughput` (random prompts, fixed lengths) in the "
+                         "vLLM venv for each LABEL=MODEL, the first being the baseline, and writes tokens/s, speedup "
+                         "and the engine's KV-cache capacity (tokens) per model as JSON.")
+    p.add_argument("models", nargs="+", help="LABEL=MODEL, MODEL an embedded id or a model directory; e.g. "
+                   "base=smollm2-135m swiftkv=results/ckpt-l15 acrosskv=results/ckpt-l15-g3")
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    p.add_argument("--output-len", type=int, default=16, help="generated tokens per request (default 16)")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1, help="runs per model, interleaved across models")
+    p.add_argument("--dtype", default="float32", help="vLLM dtype (default float32: bf16 is slow without AVX512-BF16)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for every model (default 1)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache bytes instead (memory-limited runs)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the engine (default 2)")
+    p.add_argument("--vllm-venv", default=None, help="vLLM venv (default $VLLM_VENV or .venv-vllm)")
+    p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
+    p.add_argument("--workdir", default=None, help="per-run logs and JSON (default: the output path without suffix)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_vllm)
 
     return parser
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
-from swiftkv.models.llama import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
-from swiftkv.models.mistral import MistralSwiftKVConfig, MistralSwiftKVForCausalLM
-from swiftkv.models.qwen2 import Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM
+from swiftkv.configuration import LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, register_configs
+from swiftkv.models.llama import LlamaSwiftKVForCausalLM
+from swiftkv.models.mistral import MistralSwiftKVForCausalLM
+from swiftkv.models.qwen2 import Qwen2SwiftKVForCausalLM
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,8 @@ SWIFTKV_MODEL_TYPES = {f.model_type for f in FAMILIES.values()}
 
 def register() -> None:
     """Register the SwiftKV configs and models with ``AutoConfig`` / ``AutoModelForCausalLM`` (idempotent)."""
+    register_configs()
     for family in FAMILIES.values():
-        AutoConfig.register(family.model_type, family.config_class, exist_ok=True)
         AutoModelForCausalLM.register(family.config_class, family.model_class, exist_ok=True)
 
 

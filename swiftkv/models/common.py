@@ -31,32 +31,11 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from swiftkv.errors import SwiftKVError
-
-SWIFTKV_CONFIG_KEYS = ("swiftkv", "num_key_value_layers", "key_value_group_size")
-
-
-def validate_swiftkv_config(config) -> None:
-    """Check l and g of a SwiftKV config; raise one clear line if they are inconsistent."""
-    L = config.num_hidden_layers
-    l, g = config.num_key_value_layers, config.key_value_group_size
-    if not isinstance(l, int) or not 1 <= l <= L:
-        raise SwiftKVError(
-            f"num_key_value_layers={l} is outside [1, {L}] for a {L}-layer model; pick l with 1 <= l <= {L}"
-        )
-    if not isinstance(g, int) or g < 1 or (L - l) % g:
-        divisors = [d for d in range(1, L - l + 1) if (L - l) % d == 0] or [1]
-        raise SwiftKVError(
-            f"key_value_group_size={g} does not divide the {L - l} layers after l={l}; use one of {divisors}"
-        )
-
-
-def init_swiftkv_config_fields(config) -> None:
-    """Fill defaults the way the reference does: l defaults to L (no SwiftKV), g to 1."""
-    if config.num_key_value_layers is None:
-        config.num_key_value_layers = config.num_hidden_layers
-    if config.key_value_group_size is None:
-        config.key_value_group_size = 1
+from swiftkv.configuration import (  # noqa: F401  (re-exported: the model code's historical home)
+    SWIFTKV_CONFIG_KEYS,
+    init_swiftkv_config_fields,
+    validate_swiftkv_config,
+)
 
 
 def group_leader(layer_idx: int, config) -> int:

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
+from swiftkv.configuration import LlamaSwiftKVConfig
 from swiftkv.models.common import (
     SwiftKVAttentionMixin,
     SwiftKVForCausalLMMixin,
     SwiftKVModelMixin,
-    init_swiftkv_config_fields,
-    validate_swiftkv_config,
 )
-
-
-class LlamaSwiftKVConfig(LlamaConfig):
-    model_type = "llama_swiftkv"
-
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
 
 class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):

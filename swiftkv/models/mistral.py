@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from transformers import MistralConfig
 from transformers.models.mistral.modeling_mistral import MistralAttention, MistralDecoderLayer, MistralForCausalLM, MistralModel
 
+from swiftkv.configuration import MistralSwiftKVConfig
 from swiftkv.models.common import (
     SwiftKVAttentionMixin,
     SwiftKVForCausalLMMixin,
     SwiftKVModelMixin,
-    init_swiftkv_config_fields,
-    validate_swiftkv_config,
 )
-
-
-class MistralSwiftKVConfig(MistralConfig):
-    model_type = "mistral_swiftkv"
-
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
 
 class MistralSwiftKVAttention(SwiftKVAttentionMixin, MistralAttention):

