@@ -137,3 +137,84 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
         "hardware": hardware(),
         "results": rows,
     }
+
+
+@dataclass
+class DistillBench:
+    num_key_value_layers: int = 15
+    temperature: float = 2.0
+    warmup: int = 1
+    repeats: int = 3
+
+
+def bench_distill(base_model, batches: list[dict], settings: DistillBench, progress: bool = True) -> dict:
+    """Time one distillation step (forward, backward, AdamW) two ways on the same batches, interleaved:
+
+    - ``shared``: the trainer's step (``swiftkv.distill``): layers < l once for teacher and student, no autograd
+      there, chunked loss through the head;
+    - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits).
+
+    Wall time and process CPU time are both recorded: on a shared machine the CPU time (tokens per CPU-second,
+    times the cores used) says what the step would do with the cores to itself.
+    """
+    from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
+    from swiftkv.losses import kl_sum
+
+    dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature)
+    student = build_student(base_model, dset)
+    pair = DistillModel(student).train()
+    head = student.get_output_embeddings()
+    params = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-6)
+
+    def shared(batch):
+        out = pair(batch["input_ids"], batch["position_ids"])
+        compute_loss(out, batch, head, dset).backward()
+
+    def naive(batch):
+        mask = batch["loss_mask"]
+        kw = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)  # packed rows
+        with torch.no_grad():
+            teacher = student.swiftkv(False)(**kw).logits
+        logits = student.swiftkv(True)(**kw).logits
+        (kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()).backward()
+
+    steps = {"shared": shared, "naive": naive}
+    times = {name: [] for name in steps}
+    cpu_times = {name: [] for name in steps}  # process CPU time: the work done, whatever else shares the cores
+    tokens = [int(b["loss_mask"].sum()) for b in batches]
+    bar = tqdm(total=(settings.warmup + settings.repeats) * len(steps) * len(batches), desc="bench distill",
+               disable=not progress)
+    for rep in range(settings.warmup + settings.repeats):
+        for name, fn in steps.items():  # interleaved, so drift hits both alike
+            t0, c0 = time.perf_counter(), time.process_time()
+            for batch in batches:
+                fn(batch)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                bar.update()
+            if rep >= settings.warmup:
+                times[name].append(time.perf_counter() - t0)
+                cpu_times[name].append(time.process_time() - c0)
+    bar.close()
+    student.swiftkv(True)
+    rows = []
+    for name, ts in times.items():
+        row = {"step": name, "tokens": sum(tokens), **summarize(ts)}
+        row["tok_per_s"] = sum(tokens) / row["median_s"]
+        row["cpu_s_median"] = statistics.median(cpu_times[name])
+        row["tok_per_cpu_s"] = sum(tokens) / row["cpu_s_median"]
+        rows.append(row)
+    base = statistics.median(times["naive"])
+    for row in rows:
+        row["speedup_vs_naive"] = base / row["median_s"]
+    return {
+        "benchmark": "distill_step",
+        "num_hidden_layers": base_model.config.num_hidden_layers,
+        "num_key_value_layers": settings.num_key_value_layers,
+        "batch_shapes": [list(b["input_ids"].shape) for b in batches],
+        "dtype": str(next(base_model.parameters()).dtype).replace("torch.", ""),
+        "settings": asdict(settings),
+        "hardware": hardware(),
+        "results": rows,
+    }

@@ -169,7 +169,7 @@ def cmd_bench_distill(args) -> None:
     write_json(args.output, result)
     for row in result["results"]:
         print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
-              f"tokens, {row['speedup_vs_naive']:.2f}x naive)")
+              f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--scope", choices=["partial", "full"], help="partial (SwiftKV parts, default) or full (layers >= l)")
     g.add_argument("--no-train", action="store_true", help="save the converted student untrained (w/o distillation)")
     g = p.add_argument_group("training (paper defaults)")
-    g.add_argument("--tokens", type=int, help="training token budget (default 100000)")
+    g.add_argument("--tokens", type=int, help="training token budget per epoch, 0 = all the data (default 100000)")
+    g.add_argument("--epochs", type=int, help="passes over the budget's packs (default 1; the paper: 2)")
     g.add_argument("--max-length", type=int, help="tokens per packed row (default 2048)")
     g.add_argument("--batch-size", type=int, help="packed rows per step and process (default 1)")
     g.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")

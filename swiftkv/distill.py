@@ -69,7 +69,8 @@ class DistillSettings:
     weight_decay: float = 0.05
     warmup_ratio: float = 0.05
     max_grad_norm: float | None = 1.0
-    tokens: int = 100_000  # training token budget (real tokens, padding excluded)
+    tokens: int = 100_000  # training token budget per epoch (real tokens, padding excluded); 0 = all the data
+    epochs: int = 1  # passes over the packed budget (the paper: 2), pack order reshuffled each epoch
     max_length: int = 2048
     batch_size: int = 1  # packs per step (per process)
     seed: int = 0
@@ -87,8 +88,8 @@ class DistillSettings:
             raise SwiftKVError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
         if self.temperature <= 0:
             raise SwiftKVError(f"temperature must be positive, got {self.temperature}")
-        if self.train and self.tokens < 1:
-            raise SwiftKVError(f"token budget must be positive, got {self.tokens}; use --no-train for an untrained student")
+        if self.tokens < 0 or self.epochs < 1:
+            raise SwiftKVError(f"token budget must be >= 0 (0 = all data) and epochs >= 1, got {self.tokens}, {self.epochs}")
         if not 0 <= self.warmup_ratio < 1:
             raise SwiftKVError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.batch_size < 1 or self.chunk_size < 1 or self.heldout_tokens < 0:
@@ -271,11 +272,18 @@ def prepare_data(tokenizer, settings: DistillSettings, train_conversations, held
     train_report, heldout_report = PackReport(), PackReport()
     train = []
     if settings.train:
-        train = pack_conversations(
-            train_conversations, tokenizer, settings.max_length, settings.tokens, settings.seed, train_report
-        )
+        budget = settings.tokens or None
+        train = pack_conversations(train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report)
         if not train:
             raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
+        if settings.epochs > 1:  # later epochs: the same packs in another order
+            import random
+
+            first = list(train)
+            for epoch in range(1, settings.epochs):
+                order = list(first)
+                random.Random(settings.seed + epoch).shuffle(order)
+                train += order
     heldout = []
     if settings.heldout_tokens and heldout_conversations:
         heldout = pack_conversations(
@@ -472,6 +480,7 @@ def train(
             accelerator.backward(loss)
             if settings.max_grad_norm:
                 accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]  # the rate this step uses
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -482,7 +491,7 @@ def train(
             train_seconds += dt
             loss_value = float(accelerator.reduce(loss.detach(), "mean"))
             log.write({"event": "train", "step": step, "tokens": tokens_seen, "loss": loss_value,
-                       "lr": scheduler.get_last_lr()[0], "step_s": dt, "tok_per_s": n_tokens / dt})
+                       "lr": lr, "step_s": dt, "tok_per_s": n_tokens / dt})
             bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_seen / train_seconds:.0f}")
             bar.update()
             if step % eval_every == 0 and step < total_steps:

@@ -321,6 +321,11 @@ def test_resume_ignores_a_checkpoint_of_other_settings(tmp_path):
     assert summary["steps"] == len([r for r in log if r["event"] == "train"])
 
 
+def test_two_epochs_see_every_pack_twice(tmp_path):
+    summary = run(tmp_path, settings={"tokens": 400, "epochs": 2, "batch_size": 1})
+    assert summary["train_tokens"] == 800 and summary["steps"] == 2 * summary["data"]["train"]["packs"]
+
+
 @pytest.mark.parametrize("loss", ["lm", "kl+hidden"])
 def test_other_losses_train(tmp_path, loss):
     summary = run(tmp_path, settings={"loss": loss, "tokens": 600})
@@ -332,6 +337,6 @@ def test_other_losses_train(tmp_path, loss):
 def test_bad_settings_are_one_line():
     from swiftkv import SwiftKVError
 
-    for bad in ({"loss": "mse"}, {"scope": "some"}, {"temperature": 0}, {"tokens": 0}):
+    for bad in ({"loss": "mse"}, {"scope": "some"}, {"temperature": 0}, {"tokens": -1}, {"epochs": 0}):
         with pytest.raises(SwiftKVError):
             DistillSettings(num_key_value_layers=2, **bad).validate()
