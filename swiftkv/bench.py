@@ -160,6 +160,7 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
     from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
     from swiftkv.losses import kl_sum
 
+    device = next(base_model.parameters()).device
     dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature)
     student = build_student(base_model, dset)
     pair = DistillModel(student).train()
@@ -187,12 +188,14 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
                disable=not progress)
     for rep in range(settings.warmup + settings.repeats):
         for name, fn in steps.items():  # interleaved, so drift hits both alike
+            _sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
             for batch in batches:
                 fn(batch)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 bar.update()
+            _sync(device)
             if rep >= settings.warmup:
                 times[name].append(time.perf_counter() - t0)
                 cpu_times[name].append(time.process_time() - c0)
@@ -218,3 +221,23 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
         "hardware": hardware(),
         "results": rows,
     }
+
+
+def random_packed_batches(vocab_size: int, length: int, count: int, seed: int = 0, device="cpu") -> list[dict]:
+    """Packed rows of random tokens (conversations of 200-2000 tokens, position ids restarting) for speed tests of
+    models with random weights, where no tokenizer or data is at hand."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        ids, pos = [], []
+        while len(ids) < length:
+            n = min(int(torch.randint(200, 2000, (1,), generator=gen)), length - len(ids))
+            ids += torch.randint(0, vocab_size, (n,), generator=gen).tolist()
+            pos += range(n)
+        rows.append({
+            "input_ids": torch.tensor([ids], device=device),
+            "position_ids": torch.tensor([pos], device=device),
+            "labels": torch.tensor([ids[1:] + [-100]], device=device),
+            "loss_mask": torch.ones(1, length, dtype=torch.bool, device=device),
+        })
+    return rows

@@ -159,10 +159,24 @@ def cmd_bench_distill(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
-    train_convs, _ = split_conversations(load_conversations(args.data)[0])
-    packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
-    batches = [collate_packs([p], tokenizer.pad_token_id or 0) for p in packs[: args.batches]]
+    dtype = _resolve_dtype(args.dtype, args.device)
+    if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from swiftkv.bench import random_packed_batches
+
+        config = AutoConfig.from_pretrained(args.model)
+        torch.manual_seed(args.seed)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        batches = random_packed_batches(config.vocab_size, args.max_length, args.batches, args.seed, args.device)
+    else:
+        model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
+        model.to(args.device)
+        train_convs, _ = split_conversations(load_conversations(args.data)[0])
+        packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
+        batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
+                   for p in packs[: args.batches]]
     settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
     result = bench_distill(model, batches, settings)
     result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
@@ -228,11 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "two ways in the same process: the trainer's step (layers < l once, chunked loss) and a naive "
                          "step (full teacher forward + full student forward/backward with all logits).",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    _add_model_args(p)
+    _add_model_args(p, dtype="auto")
     p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per packed row")
     p.add_argument("--batches", type=int, default=2, help="packed rows per timed repeat")
     p.add_argument("--data", default="sharegpt", choices=["sharegpt", "hub"])
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config file (e.g. config/models/llama-3.1-8b-instruct.json): random weights and "
+                   "random packed rows, no tokenizer or data needed")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)

@@ -91,3 +91,19 @@ def test_distill_end_to_end_on_a_tiny_model(tmp_path, capsys):
     summary = json.loads((out / "distill.json").read_text())
     assert summary["train_tokens"] == 256 and summary["settings"]["key_value_group_size"] == 2
     assert summary["data"]["train"]["truncated"] > 0  # ShareGPT conversations are longer than 64 tokens
+
+
+def test_bench_distill_random_weights(tmp_path):
+    """The step benchmark on a config file (random weights, random packed rows): both steps timed, JSON written."""
+    import json
+
+    from tests.conftest import tiny_base
+
+    tiny_base(num_hidden_layers=4).config.save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "distill", str(tmp_path / "cfg" / "config.json"), "--random-weights", "-l", "2",
+                 "--max-length", "64", "--batches", "1", "--warmup", "0", "--repeats", "1", "--threads", "1",
+                 "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["step"] for r in result["results"]] == ["shared", "naive"]
+    assert all(r["tok_per_s"] > 0 and r["tokens"] == 64 for r in result["results"])
