@@ -449,6 +449,8 @@ def train(
 
     start_step, tokens_seen, train_seconds = 0, 0, 0.0
     payload = load_checkpoint(ckpt_dir / CHECKPOINT_FILE, fingerprint) if (resume and settings.train) else None
+    if payload is None and main:  # a fresh start: a stale checkpoint must not be resumed with this run's log later
+        (ckpt_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     if payload is not None:
         with torch.no_grad():
             for name, p in trainable_parameters(raw).items():
