@@ -152,7 +152,8 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
 
     - ``shared``: the trainer's step (``swiftkv.distill``): layers < l once for teacher and student, no autograd
       there, chunked loss through the head;
-    - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits).
+    - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits);
+    - ``forward``: one plain forward of the base model, for scale (no training).
 
     Wall time and process CPU time are both recorded: on a shared machine the CPU time (tokens per CPU-second,
     times the cores used) says what the step would do with the cores to itself.
@@ -180,7 +181,11 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
         logits = student.swiftkv(True)(**kw).logits
         (kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()).backward()
 
-    steps = {"shared": shared, "naive": naive}
+    @torch.no_grad()
+    def forward(batch):  # reference: one plain forward of the base model (what a prefill costs)
+        student.swiftkv(False)(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+
+    steps = {"shared": shared, "naive": naive, "forward": forward}
     times = {name: [] for name in steps}
     cpu_times = {name: [] for name in steps}  # process CPU time: the work done, whatever else shares the cores
     tokens = [int(b["loss_mask"].sum()) for b in batches]

@@ -105,5 +105,5 @@ def test_bench_distill_random_weights(tmp_path):
                  "--max-length", "64", "--batches", "1", "--warmup", "0", "--repeats", "1", "--threads", "1",
                  "-o", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert [r["step"] for r in result["results"]] == ["shared", "naive"]
+    assert [r["step"] for r in result["results"]] == ["shared", "naive", "forward"]
     assert all(r["tok_per_s"] > 0 and r["tokens"] == 64 for r in result["results"])
