@@ -89,7 +89,9 @@ class DistillSettings:
         if self.temperature <= 0:
             raise SwiftKVError(f"temperature must be positive, got {self.temperature}")
         if self.tokens < 0 or self.epochs < 1:
-            raise SwiftKVError(f"token budget must be >= 0 (0 = all data) and epochs >= 1, got {self.tokens}, {self.epochs}")
+            raise SwiftKVError(
+                f"token budget must be >= 0 (0 = all data) and epochs >= 1, got {self.tokens} and {self.epochs}"
+            )
         if not 0 <= self.warmup_ratio < 1:
             raise SwiftKVError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.batch_size < 1 or self.chunk_size < 1 or self.heldout_tokens < 0:
@@ -273,7 +275,9 @@ def prepare_data(tokenizer, settings: DistillSettings, train_conversations, held
     train = []
     if settings.train:
         budget = settings.tokens or None
-        train = pack_conversations(train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report)
+        train = pack_conversations(
+            train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report
+        )
         if not train:
             raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
         if settings.epochs > 1:  # later epochs: the same packs in another order

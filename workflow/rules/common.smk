@@ -40,7 +40,9 @@ def config_hash():
 
 def load_variants(path):
     """config/variants.tsv as a DataFrame, schema-validated, with the checks a row schema cannot make."""
-    sheet = pd.read_csv(path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]})
+    sheet = pd.read_csv(
+        path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]}
+    )
     validate(sheet, "../schemas/variants.schema.yaml")
     dupes = sheet[sheet.duplicated(["model", "variant"])]
     if len(dupes):
@@ -52,7 +54,8 @@ def load_variants(path):
         l, g = row.num_key_value_layers, row.key_value_group_size
         if not 1 <= l <= L or (L - l) % g:
             raise ValueError(
-                f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers (need 1 <= l <= L and g | L - l)"
+                f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers "
+                "(need 1 <= l <= L and g dividing L - l)"
             )
     return sheet.set_index(["model", "variant"], drop=False)
 
