@@ -48,7 +48,10 @@ def summarize_runs(run_dirs: list[str | Path]) -> pd.DataFrame:
             "trainable_parameters": s["trainable_parameters"],
             "kv_cache_bytes_per_token_fp16": s["kv_cache_bytes_per_token_fp16"],
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if len(table):
+        table["kv_heads"] = table["kv_heads"].astype("Int64")  # empty for unchanged heads, not a float
+    return table
 
 
 def plot_heldout_curve(curve: pd.DataFrame, table: pd.DataFrame | None, table_tokens: int, label: str, path):
