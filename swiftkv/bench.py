@@ -148,3 +148,112 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
         "hardware": hardware(),
         "results": rows,
     }
+
+
+@dataclass
+class DistillBench:
+    num_key_value_layers: int = 15
+    temperature: float = 2.0
+    warmup: int = 1
+    repeats: int = 3
+
+
+def bench_distill(base_model, batches: list[dict], settings: DistillBench, progress: bool = True) -> dict:
+    """Time one distillation step (forward, backward, AdamW) two ways on the same batches, interleaved:
+
+    - ``shared``: the trainer's step (``swiftkv.distill``): layers < l once for teacher and student, no autograd
+      there, chunked loss through the head;
+    - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits);
+    - ``forward``: one plain forward of the base model, for scale (no training).
+
+    Wall time and process CPU time are both recorded: on a shared machine the CPU time (tokens per CPU-second,
+    times the cores used) says what the step would do with the cores to itself.
+    """
+    from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
+    from swiftkv.losses import kl_sum
+
+    device = next(base_model.parameters()).device
+    dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature)
+    student = build_student(base_model, dset)
+    pair = DistillModel(student).train()
+    head = student.get_output_embeddings()
+    params = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-6)
+
+    def shared(batch):
+        out = pair(batch["input_ids"], batch["position_ids"])
+        compute_loss(out, batch, head, dset).backward()
+
+    def naive(batch):
+        mask = batch["loss_mask"]
+        kw = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)  # packed rows
+        with torch.no_grad():
+            teacher = student.swiftkv(False)(**kw).logits
+        logits = student.swiftkv(True)(**kw).logits
+        (kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()).backward()
+
+    @torch.no_grad()
+    def forward(batch):  # reference: one plain forward of the base model (what a prefill costs)
+        student.swiftkv(False)(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+
+    steps = {"shared": shared, "naive": naive, "forward": forward}
+    times = {name: [] for name in steps}
+    cpu_times = {name: [] for name in steps}  # process CPU time: the work done, whatever else shares the cores
+    tokens = [int(b["loss_mask"].sum()) for b in batches]
+    bar = tqdm(total=(settings.warmup + settings.repeats) * len(steps) * len(batches), desc="bench distill",
+               disable=not progress)
+    for rep in range(settings.warmup + settings.repeats):
+        for name, fn in steps.items():  # interleaved, so drift hits both alike
+            _sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for batch in batches:
+                fn(batch)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                bar.update()
+            _sync(device)
+            if rep >= settings.warmup:
+                times[name].append(time.perf_counter() - t0)
+                cpu_times[name].append(time.process_time() - c0)
+    bar.close()
+    student.swiftkv(True)
+    rows = []
+    for name, ts in times.items():
+        row = {"step": name, "tokens": sum(tokens), **summarize(ts)}
+        row["tok_per_s"] = sum(tokens) / row["median_s"]
+        row["cpu_s_median"] = statistics.median(cpu_times[name])
+        row["tok_per_cpu_s"] = sum(tokens) / row["cpu_s_median"]
+        rows.append(row)
+    base = statistics.median(times["naive"])
+    for row in rows:
+        row["speedup_vs_naive"] = base / row["median_s"]
+    return {
+        "benchmark": "distill_step",
+        "num_hidden_layers": base_model.config.num_hidden_layers,
+        "num_key_value_layers": settings.num_key_value_layers,
+        "batch_shapes": [list(b["input_ids"].shape) for b in batches],
+        "dtype": str(next(base_model.parameters()).dtype).replace("torch.", ""),
+        "settings": asdict(settings),
+        "hardware": hardware(),
+        "results": rows,
+    }
+
+
+def random_packed_batches(vocab_size: int, length: int, count: int, seed: int = 0, device="cpu") -> list[dict]:
+    """Packed rows of random tokens (conversations of 200-2000 tokens, position ids restarting) for speed tests of
+    models with random weights, where no tokenizer or data is at hand."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        ids, pos = [], []
+        while len(ids) < length:
+            n = min(int(torch.randint(200, 2000, (1,), generator=gen)), length - len(ids))
+            ids += torch.randint(0, vocab_size, (n,), generator=gen).tolist()
+            pos += range(n)
+        rows.append({
+            "input_ids": torch.tensor([ids], device=device),
+            "position_ids": torch.tensor([pos], device=device),
+            "labels": torch.tensor([ids[1:] + [-100]], device=device),
+            "loss_mask": torch.ones(1, length, dtype=torch.bool, device=device),
+        })
+    return rows

@@ -28,7 +28,16 @@ def cached_layers(config, swiftkv: bool | None = None) -> float:
 def expected_cache_bytes(
     config, seq_len: int, batch_size: int = 1, bytes_per_value: int = 2, swiftkv: bool | None = None
 ) -> int:
-    """(l + (L - l)/g) * 2 * h_kv * d_head * seq * batch * bytes (the paper's AcrossKV memory formula)."""
+    """(l + (L - l)/g) * 2 * h_kv * d_head * seq * batch * bytes (the paper's AcrossKV memory formula).
+
+    An MQA student (``swiftkv_key_value_heads``) caches that many KV heads in its (L - l)/g later layer-caches."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layers = cached_layers(config, swiftkv)
-    return int(layers * 2 * config.num_key_value_heads * head_dim * seq_len * batch_size * bytes_per_value)
+    mqa_heads = getattr(config, "swiftkv_key_value_heads", None)
+    on = getattr(config, "swiftkv", False) if swiftkv is None else swiftkv
+    if on and mqa_heads:
+        l = config.num_key_value_layers
+        head_layers = l * config.num_key_value_heads + (layers - l) * mqa_heads
+    else:
+        head_layers = layers * config.num_key_value_heads
+    return int(head_layers * 2 * head_dim * seq_len * batch_size * bytes_per_value)

@@ -214,6 +214,80 @@ def cmd_bench_vllm(args) -> None:
         print(f"{row['label']:>12} l={row['num_key_value_layers']:>3} g={row['key_value_group_size']}"
               f"  {row['tokens_per_s']:8.1f} tok/s  speedup {row['speedup']:.2f}x"
               f"  KV cache {row['kv_cache_tokens']} tokens ({row['kv_cache_ratio']:.2f}x)")
+def cmd_distill(args) -> None:
+    import dataclasses
+
+    import torch
+
+    from swiftkv.distill import DistillSettings
+    from swiftkv.variants import distill_options, variant_row
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {}
+    if args.variant:
+        model_id = args.model_id or args.model
+        options.update(distill_options(variant_row(model_id, args.variant, args.variants)))
+    explicit = {
+        "num_key_value_layers": args.num_key_value_layers,
+        "key_value_group_size": args.key_value_group_size,
+        "key_value_heads": args.kv_heads,
+        "loss": args.loss,
+        "scope": args.scope,
+        "train": False if args.no_train else None,
+    }
+    options.update({k: v for k, v in explicit.items() if v is not None})
+    if "num_key_value_layers" not in options:
+        raise SwiftKVError("say which student to train: --variant NAME (from the variants sheet) or -l L [-g G]")
+    fields = {f.name for f in dataclasses.fields(DistillSettings)}
+    options.update({k: v for k, v in vars(args).items() if k in fields and k not in explicit and v is not None})
+    settings = DistillSettings(**options)
+    settings.validate()
+    from swiftkv.distill import run_from_cli
+
+    summary = run_from_cli(args, settings)
+    init, final = summary["heldout_initial"], summary["heldout_final"]
+    if init and final:
+        print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "
+              f"({summary['train_tokens']} tokens, {summary['train_tok_per_s'] or 0:.0f} tok/s)")
+    print(args.output)
+
+
+def cmd_bench_distill(args) -> None:
+    import torch
+
+    from swiftkv.bench import DistillBench, bench_distill
+    from swiftkv.data import collate_packs, load_conversations, pack_conversations, split_conversations
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = _resolve_dtype(args.dtype, args.device)
+    if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from swiftkv.bench import random_packed_batches
+
+        config = AutoConfig.from_pretrained(args.model)
+        torch.manual_seed(args.seed)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        batches = random_packed_batches(config.vocab_size, args.max_length, args.batches, args.seed, args.device)
+    else:
+        model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
+        model.to(args.device)
+        train_convs, _ = split_conversations(load_conversations(args.data)[0])
+        packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
+        batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
+                   for p in packs[: args.batches]]
+    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
+    result = bench_distill(model, batches, settings)
+    result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
+    write_json(args.output, result)
+    for row in result["results"]:
+        print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
+              f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,6 +345,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill)
+    p = bench.add_parser("distill", help="distillation step tokens/s: shared-prefix step vs naive teacher+student",
+                         description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
+                         "two ways in the same process: the trainer's step (layers < l once, chunked loss) and a naive "
+                         "step (full teacher forward + full student forward/backward with all logits).",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _add_model_args(p, dtype="auto")
+    p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per packed row")
+    p.add_argument("--batches", type=int, default=2, help="packed rows per timed repeat")
+    p.add_argument("--data", default="sharegpt", choices=["sharegpt", "hub"])
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config file (e.g. config/models/llama-3.1-8b-instruct.json): random weights and "
+                   "random packed rows, no tokenizer or data needed")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_distill)
 
     # --- analysis: simscore, flops (issue 3) ---
     p = sub.add_parser("simscore", help="SimScore per layer (paper Eq. 1) with bootstrap CIs, on held-out ShareGPT",
@@ -313,6 +407,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_flops)
 
     # --- distillation (issue 4) ---
+    p = sub.add_parser(
+        "distill", help="distil a SwiftKV student from its base model (KL to the teacher, paper defaults)",
+        description="Convert MODEL to a SwiftKV student and train it against the same model with SwiftKV off. The "
+        "layers below l run once per step for both; only the student's SwiftKV parts train (--scope full: every "
+        "layer >= l). Data: conversations rendered with the chat template, packed with attention separation. Writes "
+        "a SwiftKV checkpoint (Snowflake format) with train_log.jsonl and distill.json beside it; checkpoints go to "
+        "OUTPUT.ckpt/ while it runs (--resume continues from there).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_model_args(p)
+    p.add_argument("--output", "-o", required=True, help="output directory (written atomically at the end)")
+    g = p.add_argument_group("student (from the variants sheet, or explicit; explicit flags win)")
+    g.add_argument("--variant", help="row of the variants sheet, e.g. swiftkv-50")
+    g.add_argument("--variants", default="config/variants.tsv", help="variants sheet (TSV)")
+    g.add_argument("--model-id", help="the model's id in the sheet (default: MODEL)")
+    g.add_argument("--num-key-value-layers", "-l", type=int, help="l: layers that keep their own K/V")
+    g.add_argument("--key-value-group-size", "-g", type=int, help="g: AcrossKV group size")
+    g.add_argument("--kv-heads", type=int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")
+    g.add_argument("--loss", choices=["kl", "lm", "kl+hidden"], help="kl (default), lm (next-token CE), kl+hidden")
+    g.add_argument("--scope", choices=["partial", "full"], help="partial (SwiftKV parts, default) or full (layers >= l)")
+    g.add_argument("--no-train", action="store_true", help="save the converted student untrained (w/o distillation)")
+    g = p.add_argument_group("training (paper defaults)")
+    g.add_argument("--tokens", type=int, help="training token budget per epoch, 0 = all the data (default 100000)")
+    g.add_argument("--epochs", type=int, help="passes over the budget's packs (default 1; the paper: 2)")
+    g.add_argument("--max-length", type=int, help="tokens per packed row (default 2048)")
+    g.add_argument("--batch-size", type=int, help="packed rows per step and process (default 1)")
+    g.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
+    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.05)")
+    g.add_argument("--warmup-ratio", type=float, help="linear warm-up share of the steps, then cosine (default 0.05)")
+    g.add_argument("--temperature", type=float, help="distillation temperature T; the loss is T^2 * KL (default 2)")
+    g.add_argument("--hidden-weight", type=float, help="weight of the hidden-state MSE in kl+hidden (default 1)")
+    g.add_argument("--max-grad-norm", type=float, help="gradient clipping, 0 = off (default 1)")
+    g.add_argument("--seed", type=int, help="data order seed (default 0)")
+    g.add_argument("--data", choices=["sharegpt", "hub"], help="sharegpt (embedded, default) or hub (paper data)")
+    g.add_argument("--chunk-size", type=int, help="positions per chunk of full-vocabulary logits (default 1024)")
+    g = p.add_argument_group("evaluation, checkpoints, hardware")
+    g.add_argument("--heldout-tokens", type=int, help="held-out tokens for the KL in the log (default 4096)")
+    g.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: 5 per run)")
+    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
+    g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the same settings")
+    g.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
+                   help="autocast (default: bf16 where the hardware is fast at it, else none)")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_distill)
 
     # --- evaluation (issue 5) ---
 

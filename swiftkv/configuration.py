@@ -26,6 +26,15 @@ def validate_swiftkv_config(config) -> None:
         raise SwiftKVError(
             f"key_value_group_size={g} does not divide the {L - l} layers after l={l}; use one of {divisors}"
         )
+    n_kv = getattr(config, "swiftkv_key_value_heads", None)
+    if n_kv is not None:  # MQA-style student: fewer KV heads in the SwiftKV K/V of layers >= l
+        heads, kv = config.num_attention_heads, config.num_key_value_heads
+        if not isinstance(n_kv, int) or n_kv < 1 or heads % n_kv or kv % n_kv:
+            options = [d for d in range(1, kv + 1) if kv % d == 0 and heads % d == 0]
+            raise SwiftKVError(
+                f"swiftkv_key_value_heads={n_kv} must divide both the {heads} attention heads and the {kv} KV heads; "
+                f"use one of {options}"
+            )
 
 
 def init_swiftkv_config_fields(config) -> None:

@@ -46,17 +46,23 @@ def swiftkv_config_from(base_config, num_key_value_layers: int, key_value_group_
 
 
 @torch.no_grad()
-def convert_to_swiftkv(model, num_key_value_layers: int, key_value_group_size: int = 1):
+def convert_to_swiftkv(
+    model, num_key_value_layers: int, key_value_group_size: int = 1, key_value_heads: int | None = None
+):
     """Return a SwiftKV model (student mode on) that shares every teacher weight of ``model``.
 
     - ``q_proj_swiftkv`` of each layer >= l starts as a copy of that layer's ``q_proj``;
     - ``k/v_proj_swiftkv`` of each AcrossKV group leader start as the mean of the group's ``k/v_proj``;
     - ``norm_swiftkv`` starts as a copy of ``layers[l].input_layernorm``.
+    - ``key_value_heads`` (MQA student, paper Table B.2): the SwiftKV K/V of layers >= l get that many KV heads,
+      each initialised as the mean of the teacher KV heads it replaces (consecutive heads, so every query head
+      keeps reading the pool of the heads it read before); the cache of those layers shrinks accordingly.
 
     Only ``norm_swiftkv`` and the ``*_swiftkv`` projections require grad afterwards.
     """
     l, g = num_key_value_layers, key_value_group_size
-    config = swiftkv_config_from(model.config, l, g)
+    extra = {} if key_value_heads is None else {"swiftkv_key_value_heads": key_value_heads}
+    config = swiftkv_config_from(model.config, l, g, **extra)
     family = FAMILIES[model.config.model_type]
     with torch.device("meta"):
         student = family.model_class(config)
@@ -74,8 +80,8 @@ def convert_to_swiftkv(model, num_key_value_layers: int, key_value_group_size: i
         attn.q_proj_swiftkv = _copy_linear(attn.q_proj, ref)
         if (i - l) % g == 0:
             group = [layers[j].self_attn for j in range(i, i + g)]
-            attn.k_proj_swiftkv = _mean_linear([a.k_proj for a in group], ref)
-            attn.v_proj_swiftkv = _mean_linear([a.v_proj for a in group], ref)
+            attn.k_proj_swiftkv = _mean_linear([a.k_proj for a in group], ref, attn.head_dim, key_value_heads)
+            attn.v_proj_swiftkv = _mean_linear([a.v_proj for a in group], ref, attn.head_dim, key_value_heads)
     norm = student.model.norm_swiftkv
     source = layers[l].input_layernorm if l < config.num_hidden_layers else student.model.norm
     norm.weight = nn.Parameter(source.weight.detach().clone())
@@ -116,12 +122,22 @@ def _copy_linear(src: nn.Linear, like: torch.Tensor) -> nn.Linear:
     return out
 
 
-def _mean_linear(srcs: list[nn.Linear], like: torch.Tensor) -> nn.Linear:
+def _mean_linear(
+    srcs: list[nn.Linear], like: torch.Tensor, head_dim: int | None = None, heads: int | None = None
+) -> nn.Linear:
+    """Mean of ``srcs`` (the layers of an AcrossKV group); with ``heads``, also mean-pooled down to that many heads."""
     first = srcs[0]
-    out = nn.Linear(first.in_features, first.out_features, bias=first.bias is not None, device=like.device, dtype=like.dtype)
-    out.weight.copy_(torch.stack([s.weight.float() for s in srcs]).mean(0))
-    if first.bias is not None:
-        out.bias.copy_(torch.stack([s.bias.float() for s in srcs]).mean(0))
+    weight = torch.stack([s.weight.float() for s in srcs]).mean(0)  # n_kv*D, H
+    bias = torch.stack([s.bias.float() for s in srcs]).mean(0) if first.bias is not None else None
+    if heads is not None:
+        n_kv = first.out_features // head_dim
+        weight = weight.view(heads, n_kv // heads, head_dim, -1).mean(1).reshape(heads * head_dim, -1)  # heads*D, H
+        if bias is not None:
+            bias = bias.view(heads, n_kv // heads, head_dim).mean(1).reshape(-1)
+    out = nn.Linear(first.in_features, weight.shape[0], bias=bias is not None, device=like.device, dtype=like.dtype)
+    out.weight.copy_(weight)
+    if bias is not None:
+        out.bias.copy_(bias)
     return out
 
 

@@ -139,3 +139,191 @@ def sharegpt_split(
         raise SwiftKVError(f"unknown split {split!r}; use 'train' or 'heldout'")
     conversations, _ = load_sharegpt(path)
     return [c for c in conversations if split_of(c.id, heldout_percent) == split]
+
+
+# -- paper profile: the paper's three datasets through `datasets` (needs a hub) ----------------------------------
+
+# name -> (split, id field or None, messages field); records are ShareGPT-style turns or role/content messages
+HUB_DATASETS = {
+    "HuggingFaceH4/ultrachat_200k": ("train_sft", "prompt_id", "messages"),
+    "teknium/OpenHermes-2.5": ("train", "id", "conversations"),
+    "Open-Orca/SlimOrca": ("train", None, "conversations"),
+}
+
+
+def _hub_record(name: str, index: int, row: dict, id_field: str | None, field_name: str) -> dict:
+    """A hub row as a ShareGPT-style record with a dataset-qualified id."""
+    raw_id = row.get(id_field) if id_field else None
+    turns = row.get(field_name)
+    if isinstance(turns, list) and turns and isinstance(turns[0], dict) and "role" in turns[0]:
+        turns = [{"from": t.get("role"), "value": t.get("content")} for t in turns]
+    return {"id": f"{name}:{raw_id if raw_id not in (None, '') else index}", "conversations": turns}
+
+
+def load_hub_conversations(names: list[str] | None = None) -> tuple[list[Conversation], LoadReport]:
+    """The paper's distillation data (UltraChat-200k, OpenHermes-2.5, SlimOrca) as conversations, via `datasets`."""
+    try:
+        import datasets
+    except ImportError:
+        raise SwiftKVError("the paper profile's data needs the `datasets` package: pip install datasets") from None
+    report = LoadReport()
+    conversations = []
+    for name in names or list(HUB_DATASETS):
+        if name not in HUB_DATASETS:
+            raise SwiftKVError(f"unknown hub dataset {name!r}; known: {', '.join(HUB_DATASETS)}")
+        split, id_field, field_name = HUB_DATASETS[name]
+        try:
+            rows = datasets.load_dataset(name, split=split)
+        except Exception as err:  # offline, gated, renamed: one line
+            raise SwiftKVError(f"could not load {name} from the hub ({str(err).splitlines()[0][:200]}); "
+                               "the paper profile needs a reachable hub (use the default profile offline)") from None
+        for index, row in enumerate(rows):
+            report.records_recovered += 1
+            conv = normalise(_hub_record(name, index, row, id_field, field_name), report)
+            if conv is not None:
+                conversations.append(conv)
+    report.kept = len(conversations)
+    logger.info("hub data: %d records, %d kept, skipped %s", report.records_recovered, report.kept, report.skipped)
+    return conversations, report
+
+
+def load_conversations(source: str) -> tuple[list[Conversation], LoadReport]:
+    """Every usable conversation of a data source: 'sharegpt' (embedded) or 'hub' (the paper's three datasets)."""
+    if source == "sharegpt":
+        return load_sharegpt()
+    if source == "hub":
+        return load_hub_conversations()
+    raise SwiftKVError(f"unknown data source {source!r}; use 'sharegpt' (embedded) or 'hub' (paper datasets)")
+
+
+def split_conversations(
+    conversations: list[Conversation], heldout_percent: float = DEFAULT_HELDOUT_PERCENT
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(train, heldout) by original conversation id."""
+    train, heldout = [], []
+    for c in conversations:
+        (heldout if split_of(c.id, heldout_percent) == "heldout" else train).append(c)
+    return train, heldout
+
+
+# -- tokenisation and attention-separated packing ---------------------------------------------------------------
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Pack:
+    """Whole conversations laid end to end in one row; position ids restart at 0 for each conversation."""
+
+    input_ids: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)  # next token of the same conversation; IGNORE_INDEX at its end
+    conversation_ids: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def add(self, conversation_id: str, ids: list[int]) -> None:
+        self.input_ids += ids
+        self.position_ids += range(len(ids))
+        self.labels += ids[1:] + [IGNORE_INDEX]
+        self.conversation_ids.append(conversation_id)
+
+
+@dataclass
+class PackReport:
+    """What went into the packs: conversations used, tokens, truncations and skips (reason -> count)."""
+
+    conversations: int = 0
+    tokens: int = 0
+    truncated: int = 0  # conversations cut to max_length
+    truncated_tokens: int = 0  # tokens dropped by those cuts
+    packs: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+def tokenize_conversation(tokenizer, conversation: Conversation) -> list[int]:
+    """Token ids of a whole conversation rendered with the tokenizer's chat template."""
+    out = tokenizer.apply_chat_template(conversation.messages, tokenize=True, return_dict=True)
+    return list(out["input_ids"])
+
+
+def pack_conversations(
+    conversations: list[Conversation],
+    tokenizer,
+    max_length: int,
+    token_budget: int | None = None,
+    seed: int = 0,
+    report: PackReport | None = None,
+) -> list[Pack]:
+    """Shuffle (``seed``), render, truncate to ``max_length`` and pack greedily into rows of at most ``max_length``
+    tokens until ``token_budget`` tokens are packed (None: every conversation). Deterministic for a seed; only the
+    conversations needed for the budget are tokenised. Skipped and truncated conversations are counted in ``report``.
+    """
+    import random
+
+    if max_length < 2:
+        raise SwiftKVError(f"max_length={max_length} is too short; use at least 2 tokens (e.g. 2048)")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise SwiftKVError("the tokenizer has no chat template; distillation data is rendered with it")
+    report = report if report is not None else PackReport()
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    packs, current = [], Pack()
+    for index in order:
+        if token_budget is not None and report.tokens >= token_budget:
+            break
+        conv = conversations[index]
+        try:
+            ids = tokenize_conversation(tokenizer, conv)
+        except Exception as err:  # a template that rejects the turn order, say
+            logger.debug("skipping %s: %s", conv.id, err)
+            report.skip("chat template error")
+            continue
+        if len(ids) < 2:
+            report.skip("shorter than 2 tokens")
+            continue
+        if len(ids) > max_length:
+            report.truncated += 1
+            report.truncated_tokens += len(ids) - max_length
+            ids = ids[:max_length]
+        if token_budget is not None:
+            if token_budget - report.tokens < 2:
+                break
+            ids = ids[: token_budget - report.tokens]  # the last conversation is cut to the budget
+        if len(current) + len(ids) > max_length:
+            packs.append(current)
+            current = Pack()
+        current.add(conv.id, ids)
+        report.conversations += 1
+        report.tokens += len(ids)
+    if len(current):
+        packs.append(current)
+    report.packs = len(packs)
+    if token_budget is not None and report.tokens < token_budget:
+        logger.warning("only %d tokens of data for a budget of %d", report.tokens, token_budget)
+    return packs
+
+
+def collate_packs(packs: list[Pack], pad_token_id: int = 0) -> dict:
+    """Stack packs into (B, S) tensors. Padding at the end of a row is one more segment (positions restart at 0)
+    with ``loss_mask`` 0, so the rows need no attention mask and transformers detects the packing from
+    ``position_ids`` (no attention crosses a conversation boundary or reaches into the padding)."""
+    import torch
+
+    width = max(len(p) for p in packs)
+    input_ids = torch.full((len(packs), width), pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros((len(packs), width), dtype=torch.long)
+    labels = torch.full((len(packs), width), IGNORE_INDEX, dtype=torch.long)
+    loss_mask = torch.zeros((len(packs), width), dtype=torch.bool)
+    for row, p in enumerate(packs):
+        n = len(p)
+        input_ids[row, :n] = torch.tensor(p.input_ids)
+        position_ids[row, :n] = torch.tensor(p.position_ids)
+        position_ids[row, n:] = torch.arange(width - n)
+        labels[row, :n] = torch.tensor(p.labels)
+        loss_mask[row, :n] = True
+    return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels, "loss_mask": loss_mask}

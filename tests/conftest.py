@@ -54,3 +54,40 @@ def left_padded(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     ids[1, :4] = 0
     mask[1, :4] = 0
     return ids, mask
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </s> {% endfor %}"
+WORDS = [f"w{i}" for i in range(90)]
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer over TINY's vocabulary (101 ids) with a chat template: no files, no hub."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "</s>", "<user>", "<assistant>", "<system>"]
+    vocab = {tok: i for i, tok in enumerate(specials + WORDS)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_conversations(n: int = 40, seed: int = 0, prefix: str = "c"):
+    """``n`` random conversations of 1-3 exchanges with 3-20 words per message."""
+    import random
+
+    from swiftkv.data import Conversation
+
+    rng = random.Random(seed)
+    convs = []
+    for i in range(n):
+        messages = []
+        for _ in range(rng.randint(1, 3)):
+            for role in ("user", "assistant"):
+                messages.append({"role": role, "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 20)))})
+        convs.append(Conversation(f"{prefix}{i}", messages))
+    return convs

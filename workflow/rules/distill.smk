@@ -1,1 +1,103 @@
 # Rules of the distill stage (see the Snakefile index).
+
+
+# Distillation (issue 4): one SwiftKV checkpoint per trainable row of config/variants.tsv.
+wildcard_constraints:
+    variant="[a-z0-9][a-z0-9.-]*",
+
+
+rule distill_swiftkv:
+    input:
+        model=model_input,
+        variants=variant_check,
+    output:
+        directory("results/checkpoints/{model}/{variant}"),
+    log:
+        "logs/distill_swiftkv/{model}/{variant}.log",
+    benchmark:
+        "benchmarks/distill_swiftkv/{model}/{variant}.tsv"
+    params:
+        launcher=distill_launcher,
+        model=model_source,
+        budget=distill_budget_args,
+    threads: workflow.cores
+    shell:
+        "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
+        "--variants {input.variants} {params.budget} --threads {threads} --resume -o {output} > {log} 2>&1"
+
+
+# The same student trained on a longer budget with frequent held-out evaluations: where does the KL flatten?
+rule distill_swiftkv_curve:
+    input:
+        model=model_input,
+        variants=variant_check,
+    output:
+        directory("results/distill_curve/{model}/{variant}"),
+    log:
+        "logs/distill_swiftkv_curve/{model}/{variant}.log",
+    benchmark:
+        "benchmarks/distill_swiftkv_curve/{model}/{variant}.tsv"
+    params:
+        launcher=distill_launcher,
+        model=model_source,
+        budget=distill_curve_args,
+    threads: workflow.cores
+    shell:
+        "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
+        "--variants {input.variants} {params.budget} --threads {threads} --resume -o {output} > {log} 2>&1"
+
+
+rule collect_distill:
+    input:
+        distill_targets,
+    output:
+        "results/distill/summary.csv",
+    log:
+        "logs/collect_distill/summary.log",
+    script:
+        "../scripts/collect_distill.py"
+
+
+rule plot_distill_curve:
+    input:
+        curve=expand(
+            "results/distill_curve/{model}/{variant}",
+            model=config["distill"]["curve"]["model"],
+            variant=config["distill"]["curve"]["variant"],
+        ),
+        table=expand(
+            "results/checkpoints/{model}/{variant}",
+            model=config["distill"]["curve"]["model"],
+            variant=config["distill"]["curve"]["variant"],
+        ),
+    output:
+        report(
+            "reports/figure_distill_curve.png",
+            caption="../report/figure_distill_curve.rst",
+            category="Distillation",
+        ),
+    log:
+        "logs/plot_distill_curve/figure.log",
+    params:
+        table_tokens=config["distill"]["tokens"],
+        label=config["distill"]["curve"]["label"],
+    script:
+        "../scripts/plot_distill_curve.py"
+
+
+# Distillation speed: the trainer's shared-prefix step vs a naive teacher + student step, same process and batches.
+rule bench_distill:
+    input:
+        model=model_input,
+    output:
+        "results/bench/distill/{model}.json",
+    log:
+        "logs/bench_distill/{model}.log",
+    benchmark:
+        "benchmarks/bench_distill/{model}.tsv"
+    params:
+        model=model_source,
+        options=bench_distill_args,
+    threads: workflow.cores
+    shell:
+        "swiftkv bench distill {params.model} {params.options} --threads {threads} -o {output} > {log} 2>&1"

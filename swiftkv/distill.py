@@ -1,0 +1,574 @@
+"""Distil a SwiftKV student from its own teacher (paper §3.3), on accelerate.
+
+One model plays both parts. Per step:
+
+1. layers ``< l`` run ONCE, without autograd (nothing there trains): their output ``h_l`` is identical for teacher
+   and student;
+2. teacher: layers ``>= l`` the original way (``run_layers``) on ``h_l``, under ``no_grad``;
+3. student: the SwiftKV K/V from ``norm_swiftkv(h_l)`` and the SwiftKV layers ``>= l`` on ``h_l``, with autograd;
+4. loss on the final hidden states through the frozen LM head, chunked over positions (``swiftkv.losses``):
+   ``kl`` = T^2 * KL(teacher_T || student_T) (default, T = 2), ``lm`` = cross-entropy of the next token,
+   ``kl+hidden`` = ``kl`` + w * MSE of the hidden state entering the last layer (the reference's later addition).
+
+Scope ``partial`` trains ``norm_swiftkv`` and the ``*_swiftkv`` projections (teacher weights untouched, so the
+teacher is the model itself with SwiftKV off); ``full`` also trains every student-used parameter of layers ``>= l``,
+so the teacher's layers ``>= l`` are kept as a frozen copy.
+
+Data: whole conversations rendered with the chat template, packed into rows of at most ``max_length`` tokens with
+position ids restarting per conversation; transformers builds the attention-separated mask from those position
+ids (no attention crosses conversations). The loss covers every real token of a pack (all positions, as the
+reference distils on all positions of packed samples), not only the assistant's: the student must match the
+teacher wherever it will be run, and prompts are most of what SwiftKV serves.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftkv.errors import SwiftKVError
+from swiftkv.losses import distill_kl, eval_metrics, lm_cross_entropy
+
+logger = logging.getLogger(__name__)
+
+LOSSES = ("kl", "lm", "kl+hidden")
+SCOPES = ("partial", "full")
+CHECKPOINT_FILE = "checkpoint.pt"
+LOG_FILE = "train_log.jsonl"
+SUMMARY_FILE = "distill.json"
+
+
+@dataclass
+class DistillSettings:
+    """Everything that decides the trained weights (the paper's defaults), plus how often to evaluate and save."""
+
+    num_key_value_layers: int
+    key_value_group_size: int = 1
+    key_value_heads: int | None = None  # MQA student: KV heads of the SwiftKV K/V (None = unchanged)
+    loss: str = "kl"
+    scope: str = "partial"
+    train: bool = True  # False: the "w/o distillation" row (converted student saved untrained)
+    temperature: float = 2.0
+    hidden_weight: float = 1.0  # weight of the hidden-state MSE in kl+hidden
+    lr: float = 3e-4
+    weight_decay: float = 0.05
+    warmup_ratio: float = 0.05
+    max_grad_norm: float | None = 1.0
+    tokens: int = 100_000  # training token budget per epoch (real tokens, padding excluded); 0 = all the data
+    epochs: int = 1  # passes over the packed budget (the paper: 2), pack order reshuffled each epoch
+    max_length: int = 2048
+    batch_size: int = 1  # packs per step (per process)
+    seed: int = 0
+    data: str = "sharegpt"  # sharegpt (embedded) | hub (the paper's three datasets)
+    chunk_size: int = 1024  # positions per chunk of full-vocabulary logits
+    # evaluation and checkpoints (do not change the trained weights)
+    heldout_tokens: int = 4096
+    eval_every: int = 0  # steps; 0 = five evaluations over the run (plus the one before training)
+    checkpoint_every: int = 0  # steps; 0 = ten checkpoints over the run
+
+    def validate(self) -> None:
+        if self.loss not in LOSSES:
+            raise SwiftKVError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
+        if self.scope not in SCOPES:
+            raise SwiftKVError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
+        if self.temperature <= 0:
+            raise SwiftKVError(f"temperature must be positive, got {self.temperature}")
+        if self.tokens < 0 or self.epochs < 1:
+            raise SwiftKVError(
+                f"token budget must be >= 0 (0 = all data) and epochs >= 1, got {self.tokens} and {self.epochs}"
+            )
+        if not 0 <= self.warmup_ratio < 1:
+            raise SwiftKVError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.batch_size < 1 or self.chunk_size < 1 or self.heldout_tokens < 0:
+            raise SwiftKVError("batch size and chunk size must be >= 1 and held-out tokens >= 0")
+
+    def fingerprint(self, model: str) -> str:
+        """Hash of what decides the weights (a checkpoint is resumed only by a run with the same fingerprint)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in ("eval_every", "checkpoint_every", "heldout_tokens")}
+        return hashlib.sha256(json.dumps({"model": model, **keep}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- teacher and student in one module --------------------------------------------------------------------------
+
+
+@dataclass
+class DistillOutput:
+    student: torch.Tensor  # B,S,H final (normed) hidden states of the student, with autograd
+    teacher: torch.Tensor  # B,S,H final (normed) hidden states of the teacher, no autograd
+    student_pre_last: torch.Tensor | None = None  # B,S,H stream entering the last layer (kl+hidden only)
+    teacher_pre_last: torch.Tensor | None = None
+
+
+class DistillModel(nn.Module):
+    """A SwiftKV model as teacher and student, sharing the layers below l. ``forward`` returns both final hidden
+    states; the LM head stays outside (the chunked losses apply it)."""
+
+    def __init__(self, model: nn.Module, scope: str = "partial", keep_pre_last: bool = False):
+        super().__init__()
+        self.model = model
+        self.keep_pre_last = keep_pre_last
+        cfg = model.config
+        self.l, self.L = cfg.num_key_value_layers, cfg.num_hidden_layers
+        # full scope trains the student's layers >= l: the teacher keeps a frozen copy of the originals
+        self.teacher_layers = None
+        if scope == "full":
+            self.teacher_layers = nn.ModuleList(copy.deepcopy(model.model.layers[i]) for i in range(self.l, self.L))
+            self.teacher_layers.requires_grad_(False)
+
+    @property
+    def inner(self):
+        return self.model.model
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> DistillOutput:
+        state, boundary = self.prefix(input_ids, position_ids)
+        return self.upper(state, boundary)
+
+    @torch.no_grad()
+    def prefix(self, input_ids, position_ids):
+        """Layers < l, once for both (no autograd: nothing there trains). Returns (PrefixState, h_l)."""
+        state = self.inner.prepare_prefix(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        return state, self.inner.run_layers(state, 0, self.l)
+
+    def upper(self, state, boundary: torch.Tensor) -> DistillOutput:
+        teacher, teacher_pre = self.teacher_upper(state, boundary)
+        student, student_pre = self.student_upper(state, boundary)
+        return DistillOutput(student, teacher, student_pre, teacher_pre)
+
+    @torch.no_grad()
+    def teacher_upper(self, state, boundary):
+        inner, hidden, pre_last = self.inner, boundary, None
+        layers = self.teacher_layers if self.teacher_layers is not None else inner.layers[self.l:]
+        for i, layer in zip(range(self.l, self.L), layers):
+            if i == self.L - 1:
+                pre_last = hidden
+            hidden = layer(
+                hidden,
+                attention_mask=state.masks[inner.layer_type(i)],
+                position_embeddings=state.position_embeddings,
+                position_ids=state.position_ids,
+                cache=None,
+                use_cache=False,
+            )
+        return inner.norm(hidden), pre_last
+
+    def student_upper(self, state, boundary):
+        inner, captured = self.inner, {}
+        hook = None
+        if self.keep_pre_last and self.l < self.L:
+            def grab(module, args, kwargs):
+                captured["h"] = args[0] if args else kwargs["hidden_states"]
+            hook = inner.layers[self.L - 1].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            key_values = inner.swiftkv_key_values(boundary, state)
+            hidden = inner.run_swiftkv_layers(
+                boundary, key_values, state.masks, state.position_embeddings, state.position_ids
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
+        return inner.norm(hidden), captured.get("h")
+
+
+def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: DistillSettings) -> torch.Tensor:
+    """Mean loss per counted position: every real token for kl / kl+hidden, tokens with a next token for lm."""
+    if settings.loss == "lm":
+        sel = batch["labels"] >= 0
+        n = sel.sum().clamp(min=1)
+        return lm_cross_entropy(out.student[sel], batch["labels"][sel], head, settings.chunk_size) / n
+    sel = batch["loss_mask"]
+    n = sel.sum().clamp(min=1)
+    loss = distill_kl(out.student[sel], out.teacher[sel], head, settings.temperature, settings.chunk_size) / n
+    if settings.loss == "kl+hidden" and out.student_pre_last is not None:
+        loss = loss + settings.hidden_weight * F.mse_loss(
+            out.student_pre_last[sel].float(), out.teacher_pre_last[sel].float()
+        )
+    return loss
+
+
+# -- building the student -----------------------------------------------------------------------------------------
+
+
+def build_student(base_model, settings: DistillSettings):
+    """Convert the base model (reference init; MQA heads mean-pooled) and set what trains."""
+    from swiftkv.convert import convert_to_swiftkv, set_trainable
+
+    student = convert_to_swiftkv(
+        base_model, settings.num_key_value_layers, settings.key_value_group_size, settings.key_value_heads
+    )
+    if settings.scope == "full":
+        set_trainable(student, "full")
+        # the student never uses the teacher's q/k/v projections of layers >= l: keep them frozen (and original)
+        l = student.config.num_key_value_layers
+        for i in range(l, student.config.num_hidden_layers):
+            attn = student.model.layers[i].self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(attn, name).requires_grad_(False)
+    else:
+        set_trainable(student, "partial")
+    return student
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+# -- held-out evaluation ------------------------------------------------------------------------------------------
+
+
+class HeldOut:
+    """A fixed held-out sample: the shared prefix and the teacher's final hidden states are computed once (neither
+    changes during training), so each evaluation only runs the student's layers >= l and the head."""
+
+    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int):
+        self.pair, self.chunk_size, self.items = pair, chunk_size, []
+        with torch.no_grad():
+            for batch in batches:
+                state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
+                teacher, _ = pair.teacher_upper(state, boundary)
+                mask = batch["loss_mask"]
+                self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        if not self.items:
+            return {}
+        head = self.pair.model.get_output_embeddings()
+        total: dict[str, float] = {}
+        for state, boundary, mask, teacher, labels in self.items:
+            student, _ = self.pair.student_upper(state, boundary)
+            for k, v in eval_metrics(student[mask], teacher, labels, head, self.chunk_size).items():
+                total[k] = total.get(k, 0) + v
+        n, m = max(total["positions"], 1), max(total["labelled"], 1)
+        return {
+            "heldout_kl": total["kl_sum"] / n,
+            "heldout_student_nll": total["student_nll_sum"] / m,
+            "heldout_teacher_nll": total["teacher_nll_sum"] / m,
+            "heldout_tokens": int(total["positions"]),
+        }
+
+
+# -- data --------------------------------------------------------------------------------------------------------
+
+HELDOUT_SEED = 0  # the held-out sample is the same for every run, whatever the training seed
+
+
+def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations):
+    """Training packs for the token budget (seeded) and the fixed held-out packs; with their reports."""
+    from swiftkv.data import PackReport, pack_conversations
+
+    train_report, heldout_report = PackReport(), PackReport()
+    train = []
+    if settings.train:
+        budget = settings.tokens or None
+        train = pack_conversations(
+            train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report
+        )
+        if not train:
+            raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
+        if settings.epochs > 1:  # later epochs: the same packs in another order
+            import random
+
+            first = list(train)
+            for epoch in range(1, settings.epochs):
+                order = list(first)
+                random.Random(settings.seed + epoch).shuffle(order)
+                train += order
+    heldout = []
+    if settings.heldout_tokens and heldout_conversations:
+        heldout = pack_conversations(
+            heldout_conversations, tokenizer, settings.max_length, settings.heldout_tokens, HELDOUT_SEED, heldout_report
+        )
+    return train, heldout, {"train": asdict(train_report), "heldout": asdict(heldout_report)}
+
+
+# -- checkpoints and log -----------------------------------------------------------------------------------------
+
+
+class RunLog:
+    """JSONL training log, appended and flushed line by line (a killed run keeps what it logged)."""
+
+    def __init__(self, path: Path, keep_until_step: int | None = None, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if keep_until_step is not None and path.exists():  # resumed: drop what came after the checkpoint
+            kept = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("step", 0) <= keep_until_step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.records = kept
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.records.append(record)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def save_checkpoint(path: Path, pair: DistillModel, optimizer, scheduler, state: dict) -> None:
+    """Trainable weights, optimizer and scheduler state, progress; written atomically."""
+    from swiftkv.io import atomic_path
+
+    payload = {
+        "trainable": {n: p.detach().cpu() for n, p in trainable_parameters(pair).items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        **state,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
+    if not path.is_file():
+        return None
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    if payload.get("fingerprint") != fingerprint:
+        logger.warning("ignoring %s: it was made with other settings; starting from the beginning", path)
+        return None
+    return payload
+
+
+def _save_final(output: Path, model, tokenizer, files: dict[str, Any]) -> None:
+    """save_pretrained (Snowflake format) + tokenizer + extra files into a temp dir, then one rename."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, content in files.items():
+            if isinstance(content, Path):
+                shutil.copyfile(content, tmp / name)
+            else:
+                (tmp / name).write_text(content)
+        for p in [tmp, *tmp.iterdir()]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+# -- the training run --------------------------------------------------------------------------------------------
+
+
+class Interrupted(RuntimeError):
+    """Raised by ``interrupt_after`` (tests of --resume: a run killed after some step)."""
+
+
+def _auto_every(total: int, times: int) -> int:
+    return max(1, math.ceil(total / times))
+
+
+def train(
+    base_model,
+    tokenizer,
+    settings: DistillSettings,
+    output: str | os.PathLike,
+    *,
+    train_conversations,
+    heldout_conversations,
+    model_name: str = "model",
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    cpu: bool | None = None,
+    mixed_precision: str | None = None,
+    progress: bool = True,
+    interrupt_after: int | None = None,
+    extra_summary: dict | None = None,
+) -> dict:
+    """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_schedule_with_warmup
+
+    from swiftkv.bench import fast_dtype
+    from swiftkv.cache import expected_cache_bytes
+    from swiftkv.data import collate_packs
+
+    settings.validate()
+    started = time.perf_counter()
+    output = Path(output)
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else output.with_name(output.name + ".ckpt")
+    fingerprint = settings.fingerprint(model_name)
+    if cpu is None:
+        cpu = not torch.cuda.is_available()
+    if mixed_precision is None:
+        mixed_precision = "bf16" if fast_dtype("cpu" if cpu else "cuda") == torch.bfloat16 else "no"
+    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision)
+    main = accelerator.is_main_process
+    torch.manual_seed(settings.seed)
+
+    student = build_student(base_model, settings)
+    pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden").to(accelerator.device)
+    params = list(trainable_parameters(pair).values())
+    n_trainable = sum(p.numel() for p in params)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    train_packs, heldout_packs, data_report = prepare_data(
+        tokenizer, settings, train_conversations, heldout_conversations
+    )
+    logger.info("data: %s", data_report)
+
+    def collate(packs):
+        return collate_packs(packs, pad_id)
+
+    heldout_batches = [
+        {k: v.to(accelerator.device) for k, v in collate([p]).items()} for p in heldout_packs
+    ]
+    heldout = HeldOut(pair, heldout_batches, settings.chunk_size)
+
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay) if params else None
+    loader = DataLoader(train_packs, batch_size=settings.batch_size, shuffle=False, collate_fn=collate)
+    if settings.train:
+        pair, optimizer, loader = accelerator.prepare(pair, optimizer, loader)
+    total_steps = len(loader) if settings.train else 0
+    scheduler = None
+    if settings.train:
+        scheduler = get_cosine_schedule_with_warmup(
+            optimizer, math.ceil(settings.warmup_ratio * total_steps), total_steps
+        )
+    raw = accelerator.unwrap_model(pair)
+    eval_every = settings.eval_every or _auto_every(total_steps, 5)
+    ckpt_every = settings.checkpoint_every or _auto_every(total_steps, 10)
+
+    start_step, tokens_seen, train_seconds = 0, 0, 0.0
+    payload = load_checkpoint(ckpt_dir / CHECKPOINT_FILE, fingerprint) if (resume and settings.train) else None
+    if payload is None and main:  # a fresh start: a stale checkpoint must not be resumed with this run's log later
+        (ckpt_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
+    if payload is not None:
+        with torch.no_grad():
+            for name, p in trainable_parameters(raw).items():
+                p.copy_(payload["trainable"][name])
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        start_step, tokens_seen, train_seconds = payload["step"], payload["tokens"], payload["train_seconds"]
+        logger.info("resuming from %s at step %d/%d", ckpt_dir, start_step, total_steps)
+    log = RunLog(ckpt_dir / LOG_FILE, keep_until_step=start_step if payload is not None else None, enabled=main)
+
+    def evaluate(step: int) -> dict:
+        metrics = heldout.evaluate()
+        if metrics:
+            log.write({"event": "eval", "step": step, "tokens": tokens_seen, **metrics})
+        return metrics
+
+    initial = evaluate(0) if start_step == 0 else None
+    head = raw.model.get_output_embeddings()
+    bar = tqdm(total=total_steps, initial=start_step, desc="distill", unit="step", disable=not (progress and main))
+    data_iter = accelerator.skip_first_batches(loader, start_step) if start_step else loader
+    step = start_step
+    if settings.train:
+        pair.train()
+        for batch in data_iter:
+            t0 = time.perf_counter()
+            out = pair(batch["input_ids"], batch["position_ids"])
+            with accelerator.autocast():
+                loss = compute_loss(out, batch, head, settings)
+            accelerator.backward(loss)
+            if settings.max_grad_norm:
+                accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]  # the rate this step uses
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            n_tokens = int(accelerator.reduce(batch["loss_mask"].sum(), "sum"))
+            dt = time.perf_counter() - t0
+            step += 1
+            tokens_seen += n_tokens
+            train_seconds += dt
+            loss_value = float(accelerator.reduce(loss.detach(), "mean"))
+            log.write({"event": "train", "step": step, "tokens": tokens_seen, "loss": loss_value,
+                       "lr": lr, "step_s": dt, "tok_per_s": n_tokens / dt})
+            bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_seen / train_seconds:.0f}")
+            bar.update()
+            if step % eval_every == 0 and step < total_steps:
+                evaluate(step)
+            if step % ckpt_every == 0 and step < total_steps and main:
+                save_checkpoint(ckpt_dir / CHECKPOINT_FILE, raw, optimizer, scheduler,
+                                {"fingerprint": fingerprint, "step": step, "tokens": tokens_seen,
+                                 "train_seconds": train_seconds})
+            accelerator.wait_for_everyone()
+            if interrupt_after is not None and step >= interrupt_after:
+                bar.close()
+                raise Interrupted(f"interrupted after step {step}")
+        pair.eval()
+    bar.close()
+    final = evaluate(step) if step > 0 or initial is None else initial
+
+    records = log.records if main else []
+    evals = [r for r in records if r["event"] == "eval"]
+    model = raw.model.swiftkv(True)
+    summary = {
+        "model": model_name,
+        "settings": asdict(settings),
+        "fingerprint": fingerprint,
+        "data": data_report,
+        "steps": step,
+        "train_tokens": tokens_seen,
+        "train_seconds": train_seconds,
+        "train_tok_per_s": tokens_seen / train_seconds if train_seconds else None,
+        "wall_seconds_this_invocation": time.perf_counter() - started,
+        "trainable_parameters": n_trainable,
+        "heldout_initial": {k: v for k, v in evals[0].items() if k.startswith("heldout")} if evals else {},
+        "heldout_final": final,
+        "kv_cache_bytes_per_token_fp16": expected_cache_bytes(model.config, 1, bytes_per_value=2),
+        "processes": accelerator.num_processes,
+        "mixed_precision": mixed_precision,
+        "device": str(accelerator.device),
+        **(extra_summary or {}),
+    }
+    if main:
+        if mixed_precision == "bf16":
+            model.to(torch.bfloat16)
+        files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
+        if (ckpt_dir / LOG_FILE).exists():
+            files[LOG_FILE] = ckpt_dir / LOG_FILE
+        _save_final(output, model, tokenizer, files)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return summary
+
+
+def run_from_cli(args, settings: DistillSettings) -> dict:
+    """``swiftkv distill``: load the model and the data source's train / held-out conversations, then ``train``."""
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.loading import load_model
+
+    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
+    conversations, source_report = load_conversations(settings.data)
+    train_convs, heldout_convs = split_conversations(conversations)
+    source = asdict(source_report)
+    return train(
+        base,
+        tokenizer,
+        settings,
+        args.output,
+        train_conversations=train_convs,
+        heldout_conversations=heldout_convs,
+        model_name=args.model_id or args.model,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        cpu=True if args.cpu else None,
+        mixed_precision=args.mixed_precision,
+        progress=not args.no_progress,
+        extra_summary={"variant": args.variant, "source_report": source},
+    )

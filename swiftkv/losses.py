@@ -1,0 +1,98 @@
+"""Distillation losses over the LM head, chunked so that full-vocabulary logits exist for one chunk at a time.
+
+The head (``lm_head``) is frozen in every SwiftKV training scope, so the loss only needs a gradient with respect to
+the student's final hidden states. ``HeadLoss`` computes, chunk by chunk, the loss and that gradient in the
+forward pass (autograd on the chunk's logits, then the logits are freed) and hands the stored gradient back in the
+backward pass. Full-vocabulary logits are therefore materialised once per position for the student and once for
+the teacher, and never kept for the backward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ChunkLoss = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]  # (student logits, targets) -> sum
+
+
+def kl_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Sum over positions of KL(teacher || student) of the temperature-scaled softmaxes, times T^2 (paper §3.3)."""
+    t = temperature
+    log_q = F.log_softmax(student_logits.float() / t, dim=-1)  # N,V
+    log_p = F.log_softmax(teacher_logits.float() / t, dim=-1)  # N,V
+    return F.kl_div(log_q, log_p, log_target=True, reduction="sum") * (t * t)
+
+
+class HeadLoss(torch.autograd.Function):
+    """``sum_chunks loss_fn(head(hidden[chunk]), targets[chunk])`` with its gradient computed chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, loss_fn: ChunkLoss, chunk_size: int, *targets):
+        grad = torch.zeros_like(hidden)  # N,H
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk_size):
+            stop = start + chunk_size
+            with torch.enable_grad():
+                h = hidden[start:stop].detach().requires_grad_(True)  # n,H
+                logits = F.linear(h, weight.detach(), None if bias is None else bias.detach())  # n,V
+                loss = loss_fn(logits, tuple(t[start:stop] for t in targets))
+                (g,) = torch.autograd.grad(loss, h)
+            grad[start:stop] = g
+            total += loss.detach().float()
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return (grad * grad_output.to(grad.dtype), None, None, None, None) + (None,) * (len(ctx.needs_input_grad) - 5)
+
+
+def head_loss(hidden: torch.Tensor, head: torch.nn.Linear, loss_fn: ChunkLoss, *targets, chunk_size: int = 1024):
+    """Sum of ``loss_fn`` over positions of ``hidden`` (N, H) through the frozen ``head``; grad flows to ``hidden``."""
+    if head.weight.requires_grad:
+        raise ValueError("head_loss needs a frozen head (its weight gets no gradient)")
+    return HeadLoss.apply(hidden, head.weight, head.bias, loss_fn, chunk_size, *targets)
+
+
+def distill_kl(student_hidden, teacher_hidden, head, temperature: float = 2.0, chunk_size: int = 1024):
+    """Summed T^2-scaled KL(teacher || student) over the N positions given (both (N, H), teacher detached)."""
+
+    def fn(logits, targets):
+        (teacher,) = targets
+        with torch.no_grad():
+            teacher_logits = head(teacher)  # n,V
+        return kl_sum(logits, teacher_logits, temperature)
+
+    return head_loss(student_hidden, head, fn, teacher_hidden.detach(), chunk_size=chunk_size)
+
+
+def lm_cross_entropy(student_hidden, labels, head, chunk_size: int = 1024):
+    """Summed cross-entropy of the ground-truth next tokens ``labels`` (N,) at the N positions given."""
+
+    def fn(logits, targets):
+        (target,) = targets
+        return F.cross_entropy(logits.float(), target, reduction="sum")
+
+    return head_loss(student_hidden, head, fn, labels, chunk_size=chunk_size)
+
+
+@torch.no_grad()
+def eval_metrics(student_hidden, teacher_hidden, labels, head, chunk_size: int = 1024) -> dict[str, float]:
+    """Sums over positions: KL(teacher || student) at T = 1 (nats), and both models' NLL of the next token where
+    ``labels`` has one (labels < 0 are skipped); counts included so that sums from several batches can be pooled."""
+    out = {"kl_sum": 0.0, "positions": 0, "student_nll_sum": 0.0, "teacher_nll_sum": 0.0, "labelled": 0}
+    for start in range(0, student_hidden.shape[0], chunk_size):
+        s = head(student_hidden[start:start + chunk_size]).float()
+        t = head(teacher_hidden[start:start + chunk_size]).float()
+        y = labels[start:start + chunk_size]
+        out["kl_sum"] += float(kl_sum(s, t, 1.0))
+        out["positions"] += s.shape[0]
+        keep = y >= 0
+        if keep.any():
+            out["student_nll_sum"] += float(F.cross_entropy(s[keep], y[keep], reduction="sum"))
+            out["teacher_nll_sum"] += float(F.cross_entropy(t[keep], y[keep], reduction="sum"))
+            out["labelled"] += int(keep.sum())
+    return out

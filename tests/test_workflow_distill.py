@@ -1,0 +1,54 @@
+"""The distill stage of the DAG: the variants sheet is validated when the DAG is built (dry runs, no training)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("snakemake") is None, reason="snakemake not installed")
+
+
+def dry_run(target: str, *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = ["snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]  # --configfile takes a list
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+def test_every_trainable_row_is_a_distill_job():
+    out = dry_run("results/distill/summary.csv", "config/ci.yaml", flags=("--forceall",))
+    assert out.returncode == 0, out.stderr
+    rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
+    expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base")
+    counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
+              if len(line.split()) == 2 and line.split()[1].isdigit()}
+    assert counts["distill_swiftkv"] == expected == 10
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("swiftkv-50-acrosskv-3\t15\t3", "swiftkv-50-acrosskv-3\t15\t4", "g=4 invalid for L=30"),
+        ("swiftkv-25\t22\t1\t\tkl\tpartial\tyes", "swiftkv-25\t22\t1\t\tkl\tpartial\tmaybe", "'maybe' is not one of"),
+        ("swiftkv-62\t11\t1\t\tkl", "swiftkv-62\t11\t1\t\tmse", "'mse' is not one of"),
+    ],
+)
+def test_a_bad_sheet_stops_the_dag_with_a_clear_message(tmp_path, old, new, message):
+    sheet = (ROOT / "config/variants.tsv").read_text()
+    assert old in sheet
+    (tmp_path / "v.tsv").write_text(sheet.replace(old, new))
+    (tmp_path / "c.yaml").write_text(f"distill:\n  variants: {tmp_path / 'v.tsv'}\n")
+    out = dry_run("results/distill/summary.csv", "config/ci.yaml", str(tmp_path / "c.yaml"))
+    assert out.returncode != 0
+    assert message in out.stdout + out.stderr
+
+
+def test_distill_rule_passes_the_sheet_row_and_the_profile_budget():
+    out = dry_run("results/checkpoints/smollm2-135m/swiftkv-50-mqa-1", "config/ci.yaml", flags=("-p", "--forceall"))
+    assert out.returncode == 0, out.stderr
+    cmd = next(line for line in out.stdout.splitlines() if " distill smollm2-135m" in line)
+    for part in ("--variant swiftkv-50-mqa-1", "--model-id smollm2-135m", "--tokens 512", "--max-length 256",
+                 "--resume", "-o results/checkpoints/smollm2-135m/swiftkv-50-mqa-1"):
+        assert part in cmd, cmd
