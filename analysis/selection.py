@@ -25,6 +25,7 @@ def select_tasks(
     manifest: dict,
     metrics: tuple[str, ...] = ("acc,none", "acc_norm,none"),
     max_tasks: int | None = None,
+    min_tasks: int = 1,
     settings: BootstrapSettings = BootstrapSettings(),
 ) -> dict:
     """The chosen report-split tasks (lm-eval names, metric, chance) and the evidence for every candidate."""
@@ -46,19 +47,23 @@ def select_tasks(
             if best is None or row["excess_low"] > best["excess_low"]:
                 best = row
         best["best_metric"] = True
-    chosen = sorted((c for c in candidates if c.get("best_metric") and c["excess_low"] > 0),
-                    key=lambda c: -c["excess_low"])
+    ranked = sorted((c for c in candidates if c.get("best_metric")), key=lambda c: -c["excess_low"])
+    chosen = [dict(c, selected_by="interval above chance") for c in ranked if c["excess_low"] > 0]
+    if len(chosen) < min_tasks:  # too few pass (tiny CI samples): fill up with the next best, marked as such
+        chosen += [dict(c, selected_by="min_tasks fill-up (interval not above chance)")
+                   for c in ranked[len(chosen):min_tasks]]
     dropped_for_budget = chosen[max_tasks:] if max_tasks else []
     chosen = chosen[:max_tasks] if max_tasks else chosen
     tasks = []
     for c in sorted(chosen, key=lambda c: c["source"]):
         report = manifest["tasks"][c["source"]]["splits"]["report"]
         tasks.append({"name": report["task"], "metric": c["metric"], "source": c["source"], "n": report["n"],
-                      "chance": report["chance"], "num_fewshot": 0})
+                      "chance": report["chance"], "num_fewshot": 0, "selected_by": c["selected_by"]})
     return {
         "rule": f"keep a task when the {settings.confidence:.0%} bootstrap interval of (score - chance) on the "
                 "selection split lies above 0 for its better metric; report on the report split",
         "max_tasks": max_tasks,
+        "min_tasks": min_tasks,
         "bootstrap": asdict(settings),
         "tasks": tasks,
         "dropped_for_budget": [c["source"] for c in dropped_for_budget],

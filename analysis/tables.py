@@ -185,7 +185,7 @@ def _fmt(value, lo=None, hi=None, digits: int = 1, star: bool = False) -> str:
     return text + (" *" if star else "")
 
 
-def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str) -> str:
+def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: list[str] | None = None) -> str:
     """Scores with 95% intervals; * marks a difference against the base model (per task: paired on the same
     examples) whose interval excludes 0."""
     def get(r, k):
@@ -217,4 +217,6 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str) -> str:
               "the base model (same examples) has a 95% interval that excludes 0 (Δ vs ref: against the row named). "
               "Paper columns: the paper's average for the corresponding row (its own tasks and models; see "
               "analysis/paper/) and its difference to the paper's base model."]
+    if task_notes:
+        lines += ["", "Tasks: " + "; ".join(task_notes) + "."]
     return "\n".join(lines) + "\n"

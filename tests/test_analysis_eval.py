@@ -83,6 +83,9 @@ def test_selection_keeps_tasks_above_chance_only():
     out = select_tasks(result, manifest, settings=FAST)
     assert [t["name"] for t in out["tasks"]] == ["bb_easy_report"]
     assert {c["source"] for c in out["candidates"]} == {"easy", "chance"}
+    assert out["tasks"][0]["selected_by"] == "interval above chance"
+    filled = select_tasks(result, manifest, min_tasks=2, settings=FAST)["tasks"]
+    assert [t["selected_by"].startswith("min_tasks") for t in filled] == [True, False]  # sorted by name: chance, easy
 
 
 def test_tables_from_fixture_results(tmp_path):

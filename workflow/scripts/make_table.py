@@ -18,4 +18,8 @@ for path in snakemake.input.tasks:
 df = build_table(table, rows, tasks, BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
 write_text(snakemake.output.csv, df.to_csv(index=False, float_format="%.4f"))
 labels = list(dict.fromkeys(task_label(t["name"]) for ts in tasks.values() for t in ts))
-write_text(snakemake.output.md, to_markdown(df, labels, CAPTIONS[table]))
+notes = [f"{model}: {task_label(t['name'])} ({t['metric'].split(',')[0]}, n={t.get('n', '?')}"
+         + (f", chance {100 * t['chance']:.1f}%" if "chance" in t else "")
+         + (f", {t['selected_by']}" if t.get("selected_by", "interval above chance") != "interval above chance" else "")
+         + ")" for model, ts in tasks.items() for t in ts]
+write_text(snakemake.output.md, to_markdown(df, labels, CAPTIONS[table], notes))

@@ -17,6 +17,7 @@ chosen = select_tasks(
     manifest,
     metrics=tuple(cfg["metrics"]),
     max_tasks=cfg.get("max_tasks"),
+    min_tasks=cfg.get("min_tasks", 1),
     settings=BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]),
 )
 chosen["include_path"] = manifest["splits"]["report"]
