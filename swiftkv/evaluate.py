@@ -105,13 +105,13 @@ class SwiftKVLM(HFLM):
         return max(256, int(self.logits_budget_bytes // (8 * self.model.config.vocab_size)))
 
     def _context_batches(self, groups, override_bs=None):
-        """Contexts longest first, at most ``batch_size`` per batch, a new batch when a context is under 3/4 of the
-        batch's longest (left padding is computed too) or the padded positions exceed the budget."""
+        """Contexts longest first, at most ``batch_size`` per batch; a new batch when the left padding of a context
+        would exceed both a quarter of its batch's width and ``PAD_SLACK`` positions, or the budget is full."""
         max_contexts = int(override_bs or (self.batch_size if str(self.batch_size).isdigit() else 16))
         budget = self._position_budget()
         batch, width = [], 0
         for ctx, conts in sorted(groups.items(), key=lambda kv: -len(kv[0])):
-            if batch and (len(batch) >= max_contexts or len(ctx) < 0.75 * width or (len(batch) + 1) * width > budget):
+            if batch and (len(batch) >= max_contexts or _wasteful(len(ctx), width) or (len(batch) + 1) * width > budget):
                 yield batch
                 batch = []
             if not batch:
@@ -121,13 +121,14 @@ class SwiftKVLM(HFLM):
             yield batch
 
     def _tail_chunks(self, rows):
-        """Continuation rows (longest first) in chunks of similar length: a new chunk when a row is under 3/4 of the
-        chunk's longest (right padding is computed too) or the padded positions exceed the budget."""
+        """Continuation rows (longest first) in chunks: a new chunk when a row's right padding would exceed both
+        a quarter of the chunk's width and ``PAD_SLACK`` positions, or the budget is full. (Every forward has a fixed cost,
+        so short rows share one.)"""
         budget = self._position_budget()
         chunk, width = [], 0
         for row in sorted((r for r in rows if len(r[2]) > 1), key=lambda r: -len(r[2])):
             tail = len(row[2]) - 1
-            if chunk and (tail < 0.75 * width or (len(chunk) + 1) * width > budget):
+            if chunk and (_wasteful(tail, width) or (len(chunk) + 1) * width > budget):
                 yield chunk
                 chunk = []
             if not chunk:
@@ -197,6 +198,13 @@ class SwiftKVLM(HFLM):
         if self._cache_factory is not None:
             generation_kwargs["past_key_values"] = self._cache_factory(self.model.config)
         return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
+
+PAD_SLACK = 4  # positions of padding per row that are cheaper than another forward
+
+
+def _wasteful(length: int, width: int) -> bool:
+    return width - length > PAD_SLACK and length < 0.75 * width
 
 
 def _as_bool(value) -> bool:
