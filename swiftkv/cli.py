@@ -153,12 +153,17 @@ def cmd_bigbench_build(args) -> None:
 def cmd_heldout_ppl_task(args) -> None:
     from transformers import AutoTokenizer
 
-    from swiftkv.heldout import heldout_sample, perplexity_docs, write_perplexity_task
+    from pathlib import Path
+
+    from swiftkv.heldout import heldout_sample, perplexity_docs, write_conversations, write_perplexity_task
     from swiftkv.loading import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
-    docs = perplexity_docs(tokenizer, heldout_sample(), args.documents, args.max_tokens)
+    sample = heldout_sample()
+    docs = perplexity_docs(tokenizer, sample, args.documents, args.max_tokens)
     print(write_perplexity_task(docs, args.output))
+    if args.conversations:
+        write_conversations(sample[: args.conversations], Path(args.output) / "conversations.jsonl")
 
 
 def cmd_eval(args) -> None:
@@ -203,8 +208,13 @@ def cmd_eval(args) -> None:
         num_sequences=args.fidelity_sequences, max_tokens=args.fidelity_tokens, num_prompts=args.fidelity_prompts,
         max_prompt_tokens=args.fidelity_prompt_tokens, new_tokens=args.fidelity_new_tokens,
         batch_size=min(args.batch_size, 8))
+    heldout = None
+    if args.heldout and fidelity is not None:
+        from swiftkv.heldout import read_conversations
+
+        heldout = read_conversations(args.heldout)
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
-                                 batch_size=args.batch_size, fidelity=fidelity, seed=args.seed)
+                                 batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
     result["swiftkv"].update(model=args.model, base=args.base, device=args.device, threads=torch.get_num_threads())
     out = Path(args.output_dir)
     if fid is not None:
@@ -301,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resources", default=None)
     p.add_argument("--documents", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=512, help="each conversation is cut to this many tokens")
+    p.add_argument("--conversations", type=int, default=0,
+                   help="also save the first N held-out conversations (conversations.jsonl) for swiftkv eval --heldout")
     p.add_argument("--output", required=True, help="output folder (task YAML, JSONL, manifest.json)")
     p.set_defaults(func=cmd_heldout_ppl_task)
 
@@ -323,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="contexts per forward")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
     p.add_argument("--no-fidelity", action="store_true")
+    p.add_argument("--heldout", default=None, help="held-out conversations for fidelity (JSONL from heldout-ppl-task "
+                   "--conversations; default: the held-out ShareGPT split in hash order)")
     p.add_argument("--fidelity-sequences", type=int, default=16)
     p.add_argument("--fidelity-tokens", type=int, default=256)
     p.add_argument("--fidelity-prompts", type=int, default=16)

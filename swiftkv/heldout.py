@@ -30,6 +30,20 @@ def heldout_sample(conversations=None, heldout_percent: float | None = None) -> 
     return sorted(conversations, key=lambda c: hashlib.sha256(c.id.encode()).hexdigest())
 
 
+def write_conversations(conversations, path: str | Path) -> None:
+    """Save conversations as JSONL ({id, messages}), so that later jobs need not parse ShareGPT again."""
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}, ensure_ascii=False) + "\n"
+                               for c in conversations))
+
+
+def read_conversations(path: str | Path) -> list:
+    from swiftkv.data import Conversation
+
+    with open(path) as f:
+        return [Conversation(d["id"], d["messages"]) for d in map(json.loads, f)]
+
+
 def render_conversation(tokenizer, messages: list[dict]) -> str:
     """The conversation as the model reads it: its chat template, or plain role-prefixed turns without one."""
     if getattr(tokenizer, "chat_template", None):

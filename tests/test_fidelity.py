@@ -78,3 +78,12 @@ def test_perplexity_documents_are_cut_at_token_boundaries(tmp_path):
 def test_heldout_sample_order_does_not_depend_on_input_order():
     convs = conversations(6)
     assert [c.id for c in heldout_sample(convs)] == [c.id for c in heldout_sample(convs[::-1])]
+
+
+def test_conversations_round_trip(tmp_path):
+    from swiftkv.heldout import read_conversations, write_conversations
+
+    convs = conversations(3)
+    write_conversations(convs, tmp_path / "c.jsonl")
+    back = read_conversations(tmp_path / "c.jsonl")
+    assert [(c.id, c.messages) for c in back] == [(c.id, c.messages) for c in convs]

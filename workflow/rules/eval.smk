@@ -118,9 +118,10 @@ rule build_heldout_ppl_task:
     params:
         source=model_source,
         cfg=EVAL["heldout_ppl"],
+        conversations=4 * max(EVAL["fidelity"]["sequences"], EVAL["fidelity"]["prompts"]),  # some prompts are too long
     shell:
         "swiftkv heldout-ppl-task {params.source} --documents {params.cfg[documents]}"
-        " --max-tokens {params.cfg[max_tokens]} --output {output} > {log} 2>&1"
+        " --max-tokens {params.cfg[max_tokens]} --conversations {params.conversations} --output {output} > {log} 2>&1"
 
 
 if EVAL["suite"] == "bigbench":
@@ -195,7 +196,8 @@ rule eval_swiftkv:
     threads: workflow.cores
     shell:
         "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
-        " --task sharegpt_heldout_ppl --kv-cache {wildcards.kvcache} {params.fidelity} --batch-size {params.batch}"
+        " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
+        " {params.fidelity} --batch-size {params.batch}"
         " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
 
 
