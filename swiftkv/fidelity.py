@@ -162,7 +162,7 @@ def measure_fidelity(teacher, student, tokenizer, conversations, settings: Fidel
                                      cache_factory, progress, "student greedy")
     greedy = [
         {"teacher_tokens": len(t), "student_tokens": len(s), "common_prefix": common_prefix(t, s),
-         "agreement": common_prefix(t, s) / max(1, len(t))}
+         "agreement": common_prefix(t, s) / max(1, len(t)), "teacher": tokenizer.decode(t), "student": tokenizer.decode(s)}
         for t, s in zip(t_gen, s_gen)
     ]
     tokens = sum(r["tokens"] for r in rows)
