@@ -1,1 +1,236 @@
 # Rules of the eval stage (see the Snakefile index).
+# Evaluation (issue 5): an offline BIG-bench suite chosen on a selection split, held-out ShareGPT perplexity and
+# teacher fidelity for every row of config/variants.tsv that a table needs; the paper profile runs the paper's
+# lm-eval tasks instead of BIG-bench.
+import csv
+
+EVAL = config["eval"]
+VARIANTS_SHEET = config.get("distill", {}).get("variants", "config/variants.tsv")
+BIGBENCH_SDIST = "resources/bigbench/bigbench-1.0.0.tar.gz"
+
+
+wildcard_constraints:
+    variant="[a-z0-9][a-z0-9.-]*",
+    kvcache="native|fp8",
+    table="table2|table4a|table4b|tableB1|tableB2",
+
+
+def eval_variant_rows():
+    """Rows of the variants sheet for the models evaluated here, in sheet order."""
+    with open(VARIANTS_SHEET, newline="") as f:
+        rows = [r for r in csv.DictReader(f, delimiter="\t") if r["model"] in EVAL["models"]]
+    for r in rows:
+        r["tables"] = [t for t in r["tables"].split(",") if t]
+    return rows
+
+
+def eval_target(wildcards):
+    """What `swiftkv eval` loads: the base model itself, or the variant's SwiftKV checkpoint."""
+    if wildcards.variant == "base":
+        return model_source(wildcards)
+    return f"results/checkpoints/{wildcards.model}/{wildcards.variant}"
+
+
+def eval_inputs(wildcards):
+    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json",
+              "ppl": f"results/tasks/heldout-ppl/{wildcards.model}"}
+    if wildcards.variant != "base":
+        inputs["checkpoint"] = eval_target(wildcards)
+    if EVAL["suite"] == "bigbench":
+        inputs["bigbench"] = "results/tasks/bigbench"
+    return inputs
+
+
+def eval_include_args(wildcards, input):
+    paths = [input.ppl] + ([f"{input.bigbench}/report"] if EVAL["suite"] == "bigbench" else [])
+    return " ".join(f"--include-path {p}" for p in paths)
+
+
+def eval_fidelity_args(wildcards):
+    f = EVAL["fidelity"]
+    return (f"--fidelity-sequences {f['sequences']} --fidelity-tokens {f['tokens']} --fidelity-prompts {f['prompts']}"
+            f" --fidelity-prompt-tokens {f['prompt_tokens']} --fidelity-new-tokens {f['new_tokens']}")
+
+
+def table_rows(wildcards):
+    """(model, variant, kv cache, sheet row) of every row of a table; Table B.1 has each row with both caches."""
+    kvs = ["native", "fp8"] if wildcards.table == "tableB1" else ["native"]
+    return [{"model": r["model"], "variant": r["variant"], "kv_cache": kv, "spec": r}
+            for r in eval_variant_rows() if wildcards.table in r["tables"] for kv in kvs]
+
+
+def table_inputs(wildcards):
+    rows = table_rows(wildcards)
+    return {
+        "lm_eval": [f"results/eval/{r['model']}/{r['variant']}/{r['kv_cache']}/lm_eval.json" for r in rows],
+        "fidelity": [f"results/eval/{r['model']}/{r['variant']}/{r['kv_cache']}/fidelity.json" for r in rows],
+        "tasks": sorted({f"results/eval/{r['model']}/tasks.json" for r in rows}),
+    }
+
+
+# -- the offline benchmark suite (default and CI profiles) ------------------------------------------------------
+
+
+rule fetch_bigbench:
+    output:
+        BIGBENCH_SDIST,
+    log:
+        "logs/fetch_bigbench/bigbench.log",
+    shell:
+        "swiftkv bigbench fetch --dest $(dirname {output}) > {log} 2>&1"
+
+
+rule extract_bigbench_tasks:
+    input:
+        BIGBENCH_SDIST,
+    output:
+        directory("resources/bigbench/tasks"),
+    log:
+        "logs/extract_bigbench_tasks/tasks.log",
+    params:
+        tasks=EVAL.get("bigbench", {}).get("candidates", []),
+    shell:
+        "swiftkv bigbench extract --tarball {input} --tasks {params.tasks} --output {output} > {log} 2>&1"
+
+
+rule build_bigbench_tasks:
+    input:
+        "resources/bigbench/tasks",
+    output:
+        directory("results/tasks/bigbench"),
+    log:
+        "logs/build_bigbench_tasks/tasks.log",
+    params:
+        cfg=EVAL.get("bigbench", {}),
+    shell:
+        "swiftkv bigbench build --tasks-dir {input} --tasks {params.cfg[candidates]}"
+        " --selection-examples {params.cfg[selection_examples]} --report-examples {params.cfg[report_examples]}"
+        " --output {output} > {log} 2>&1"
+
+
+rule build_heldout_ppl_task:
+    input:
+        model_input,
+    output:
+        directory("results/tasks/heldout-ppl/{model}"),
+    log:
+        "logs/build_heldout_ppl_task/{model}.log",
+    params:
+        source=model_source,
+        cfg=EVAL["heldout_ppl"],
+        conversations=4 * max(EVAL["fidelity"]["sequences"], EVAL["fidelity"]["prompts"]),  # some prompts are too long
+    shell:
+        "swiftkv heldout-ppl-task {params.source} --documents {params.cfg[documents]}"
+        " --max-tokens {params.cfg[max_tokens]} --conversations {params.conversations} --output {output} > {log} 2>&1"
+
+
+if EVAL["suite"] == "bigbench":
+
+    # The base model on the selection half of every candidate task: only used to choose the reported tasks.
+    rule eval_selection_split:
+        input:
+            model=model_input,
+            bigbench="results/tasks/bigbench",
+        output:
+            "results/eval/{model}/selection/lm_eval.json",
+        log:
+            "logs/eval_selection_split/{model}.log",
+        benchmark:
+            "benchmarks/eval_selection_split/{model}.tsv"
+        params:
+            source=model_source,
+            batch=EVAL["batch_size"],
+        threads: workflow.cores
+        shell:
+            "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
+            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --threads {threads}"
+            " --output-dir $(dirname {output}) > {log} 2>&1"
+
+    rule select_bigbench_tasks:
+        input:
+            result="results/eval/{model}/selection/lm_eval.json",
+            bigbench="results/tasks/bigbench",
+        output:
+            "results/eval/{model}/tasks.json",
+        log:
+            "logs/select_bigbench_tasks/{model}.log",
+        params:
+            cfg=EVAL["bigbench"],
+            bootstrap=EVAL["bootstrap"],
+        script:
+            "../scripts/select_bigbench_tasks.py"
+
+else:
+
+    # The paper profile: the paper's task set (shots, metrics, chat template) from the config.
+    rule write_eval_tasks:
+        output:
+            "results/eval/{model}/tasks.json",
+        log:
+            "logs/write_eval_tasks/{model}.log",
+        params:
+            tasks=EVAL["tasks"],
+        script:
+            "../scripts/write_eval_tasks.py"
+
+
+# -- one row: a model or checkpoint, with the native or an FP8 KV cache -------------------------------------------
+
+
+rule eval_swiftkv:
+    input:
+        unpack(eval_inputs),
+    output:
+        lm_eval="results/eval/{model}/{variant}/{kvcache}/lm_eval.json",
+        fidelity="results/eval/{model}/{variant}/{kvcache}/fidelity.json",
+    log:
+        "logs/eval_swiftkv/{model}/{variant}/{kvcache}.log",
+    benchmark:
+        "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
+    params:
+        target=eval_target,
+        base=model_source,
+        include=eval_include_args,
+        fidelity=eval_fidelity_args,
+        batch=EVAL["batch_size"],
+    threads: workflow.cores
+    shell:
+        "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
+        " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
+        " {params.fidelity} --batch-size {params.batch}"
+        " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
+
+
+# -- tables ---------------------------------------------------------------------------------------------------------
+
+
+rule make_table:
+    input:
+        unpack(table_inputs),
+    output:
+        csv=report("reports/{table}.csv", caption="../report/accuracy_table.rst", category="Accuracy"),
+        md=report("reports/{table}.md", caption="../report/accuracy_table.rst", category="Accuracy"),
+    log:
+        "logs/make_table/{table}.log",
+    params:
+        rows=table_rows,
+        bootstrap=EVAL["bootstrap"],
+    script:
+        "../scripts/make_table.py"
+
+
+# TEMPORARY (issue 5 until the distillation stage is merged): untrained SwiftKV checkpoints at the contract path,
+# so that the tables build on this branch. Defined only when rule distill_swiftkv (issue 4) does not exist.
+if "distill_swiftkv" not in {r.name for r in workflow.rules}:
+
+    rule convert_untrained_checkpoint:
+        input:
+            model_input,
+        output:
+            directory("results/checkpoints/{model}/{variant}"),
+        log:
+            "logs/convert_untrained_checkpoint/{model}/{variant}.log",
+        params:
+            sheet=VARIANTS_SHEET,
+        script:
+            "../scripts/convert_untrained_checkpoint.py"

@@ -1,0 +1,222 @@
+"""The accuracy tables (paper Tables 2, 4a, 4b, B.1, B.2) from evaluation results, with bootstrap intervals.
+
+Each row is one (model, variant, KV cache) evaluation. Columns, each with ``_lo`` / ``_hi`` (95% bootstrap over
+examples, see ``analysis.stats``):
+
+- one score per reported task (percent) and their unweighted ``average``;
+- ``delta_base``: average minus the base model's, paired on the same examples (``_sig``: the interval excludes 0);
+- ``delta_ref``: the same against the table's reference row (Table 4a/4b: the KL-distilled partial 50% row;
+  Table B.1: the same variant with the native cache; Table B.2: the AcrossKV row);
+- ``ppl``: held-out ShareGPT word perplexity; ``kl``, ``top1``, ``greedy``: fidelity to the teacher
+  (``swiftkv.fidelity``);
+- ``kv_reduction``: KV-cache memory saved against the base model with a bf16 cache (percent);
+- ``paper_*``: the paper's average (and its difference to the paper's base) for the corresponding row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import paper
+from analysis.io import read_json, rolling_scores, task_scores
+from analysis.stats import (BootstrapSettings, Interval, macro_mean_ci, mean_ci, paired_difference_ci,
+                            paired_ratio_difference_ci, ratio_ci)
+
+PPL_TASK = "sharegpt_heldout_ppl"
+TABLES = ("table2", "table4a", "table4b", "tableB1", "tableB2")
+CAPTIONS = {
+    "table2": "Table 2: accuracy of SwiftKV variants (skipped fraction, AcrossKV) against the base model",
+    "table4a": "Table 4a: the effect of distillation (no training, LM loss, KL, KL + hidden-state MSE)",
+    "table4b": "Table 4b: partial (W_QKV of layers >= l) vs full training of the later layers",
+    "tableB1": "Table B.1: FP8 per-token KV-cache quantisation after training, with and without AcrossKV",
+    "tableB2": "Table B.2: MQA vs AcrossKV at an equal KV-cache budget",
+}
+
+
+@dataclass
+class Row:
+    """One evaluated row: what it is (a ``config/variants.tsv`` row) and where its results are."""
+
+    model: str
+    variant: str
+    kv_cache: str
+    spec: dict
+    lm_eval: str | Path
+    fidelity: str | Path | None = None
+    results: dict = field(default_factory=dict, repr=False)
+    fid: dict | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.model, self.variant, self.kv_cache
+
+    def load(self) -> "Row":
+        self.results = read_json(self.lm_eval)
+        self.fid = read_json(self.fidelity) if self.fidelity else None
+        return self
+
+
+def reference_of(table: str, row: Row, rows: list[Row]) -> Row | None:
+    """The row a table compares ``row`` with (besides the base model)."""
+    same = [r for r in rows if r.model == row.model]
+    if table == "tableB1":
+        found = [r for r in same if r.variant == row.variant and r.kv_cache == "native"]
+    elif table in ("table4a", "table4b"):
+        found = [r for r in same if r.spec.get("loss") == "kl" and r.spec.get("scope") == "partial"
+                 and str(r.spec.get("key_value_group_size", "1")) == "1" and not r.spec.get("kv_heads")
+                 and r.kv_cache == "native"]
+    elif table == "tableB2":
+        found = [r for r in same if str(r.spec.get("key_value_group_size", "1")) != "1" and r.kv_cache == "native"]
+    else:
+        found = []
+    found = [r for r in found if r is not row]
+    return found[0] if found else None
+
+
+def _scores(row: Row, tasks: list[dict]) -> dict[str, tuple[list[str], np.ndarray]]:
+    out = {}
+    for t in tasks:
+        s = task_scores(row.results, t["name"], t["metric"])
+        out[t["name"]] = (s.keys, s)
+    return out
+
+
+def _put(record: dict, name: str, ci: Interval, scale: float = 1.0) -> None:
+    ci = ci.scaled(scale)
+    record[name], record[f"{name}_lo"], record[f"{name}_hi"] = ci.value, ci.low, ci.high
+
+
+def _diff(record: dict, name: str, row: Row, other: Row, tasks: list[dict], settings: BootstrapSettings) -> None:
+    a, b = [], []
+    for t in tasks:
+        sa = task_scores(row.results, t["name"], t["metric"])
+        sb = task_scores(other.results, t["name"], t["metric"])
+        keys = [k for k in sb.keys if k in set(sa.keys)]
+        a.append(sa.aligned(keys))
+        b.append(sb.aligned(keys))
+        ci = paired_difference_ci([a[-1]], [b[-1]], settings)
+        record[f"{t['label']}_{name}_sig"] = ci.excludes(0)
+    _put(record, name, paired_difference_ci(a, b, settings), 100)
+    record[f"{name}_sig"] = record[f"{name}_lo"] > 0 or record[f"{name}_hi"] < 0
+    record[f"{name}_row"] = f"{other.variant} ({other.kv_cache} KV)"
+
+
+def _ppl(record: dict, row: Row, base: Row | None, settings: BootstrapSettings) -> None:
+    if PPL_TASK not in row.results.get("samples", {}):
+        return
+    s = rolling_scores(row.results, PPL_TASK)
+    _put(record, "ppl", ratio_ci(-s.loglikelihood, s.words, settings, transform=np.exp))
+    if base is not None and base is not row and PPL_TASK in base.results.get("samples", {}):
+        b = rolling_scores(base.results, PPL_TASK)
+        index = dict(zip(b.keys, range(len(b.keys))))
+        order = [index[k] for k in s.keys]
+        ci = paired_ratio_difference_ci(-s.loglikelihood, s.words, -b.loglikelihood[order], b.words[order], settings,
+                                        transform=np.exp)
+        _put(record, "ppl_delta_base", ci)
+        record["ppl_delta_base_sig"] = ci.excludes(0)
+
+
+def _fidelity(record: dict, row: Row, settings: BootstrapSettings) -> None:
+    if not row.fid:
+        return
+    tf = row.fid["teacher_forced"]
+    tokens = np.array([r["tokens"] for r in tf], dtype=float)
+    _put(record, "kl", ratio_ci(np.array([r["kl_sum"] for r in tf]), tokens, settings))
+    _put(record, "top1", ratio_ci(np.array([r["top1_agree"] for r in tf]), tokens, settings), 100)
+    _put(record, "greedy", mean_ci(np.array([g["agreement"] for g in row.fid["greedy_rows"]]), settings), 100)
+
+
+def build_table(table: str, rows: list[Row], tasks_by_model: dict[str, list[dict]],
+                settings: BootstrapSettings = BootstrapSettings(), paper_dir: str | Path | None = None) -> pd.DataFrame:
+    """One DataFrame row per evaluated row (in the given order)."""
+    for r in rows:
+        if not r.results:
+            r.load()
+    records = []
+    for row in rows:
+        tasks = [dict(t, label=task_label(t["name"])) for t in tasks_by_model[row.model]]
+        base = next((r for r in rows if r.model == row.model and r.variant == "base" and r.kv_cache == "native"), None)
+        rec = {"model": row.model, "variant": row.variant, "kv_cache": row.kv_cache,
+               "label": row.spec.get("label", row.variant) + (" + FP8 KV" if row.kv_cache == "fp8" else ""),
+               "skip_fraction": float(row.spec.get("skip_fraction") or 0)}
+        per_task = []
+        for t in tasks:
+            s = task_scores(row.results, t["name"], t["metric"])
+            per_task.append(s.values)
+            _put(rec, t["label"], mean_ci(s.values, settings), 100)
+            rec[f"{t['label']}_n"] = len(s.values)
+        _put(rec, "average", macro_mean_ci(per_task, settings), 100)
+        if base is not None and base is not row:
+            _diff(rec, "delta_base", row, base, tasks, settings)
+        ref = reference_of(table, row, rows)
+        if ref is not None:
+            _diff(rec, "delta_ref", row, ref, tasks, settings)
+        _ppl(rec, row, base, settings)
+        _fidelity(rec, row, settings)
+        kv = row.results.get("swiftkv", {}).get("kv_memory")
+        if kv:
+            rec["kv_reduction"] = 100 * kv["reduction"]
+            rec["kv_reduction_with_scales"] = 100 * kv["reduction_with_scales"]
+        rec.update(paper.paper_columns(table, row.model, row.variant, row.kv_cache, paper_dir))
+        records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+def task_label(name: str) -> str:
+    """Short column name of an lm-eval task (``bb_physics_report`` -> ``physics``)."""
+    label = name[3:] if name.startswith("bb_") else name
+    for suffix in ("_report", "_selection"):
+        if label.endswith(suffix):
+            label = label[: -len(suffix)]
+    return label
+
+
+def _fmt(value, lo=None, hi=None, digits: int = 1, star: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    text = f"{value:.{digits}f}"
+    if lo is not None and hi is not None and not (isinstance(lo, float) and math.isnan(lo)):
+        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return text + (" *" if star else "")
+
+
+def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: list[str] | None = None) -> str:
+    """Scores with 95% intervals; * marks a difference against the base model (per task: paired on the same
+    examples) whose interval excludes 0."""
+    def get(r, k):
+        return r.get(k) if k in r and not (isinstance(r.get(k), float) and math.isnan(r.get(k))) else None
+
+    cols = ["row"] + tasks + ["average", "Δ vs base", "Δ vs ref", "ShareGPT ppl", "KL", "top-1 %", "greedy %",
+                              "KV saved %", "paper avg", "paper Δ"]
+    lines = [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        r = r.to_dict()
+        cells = [f"{r['model']}: {r['label']}"]
+        for t in tasks:
+            cells.append(_fmt(get(r, t), get(r, f"{t}_lo"), get(r, f"{t}_hi"), star=bool(get(r, f"{t}_delta_base_sig"))))
+        cells.append(_fmt(get(r, "average"), get(r, "average_lo"), get(r, "average_hi")))
+        cells.append(_fmt(get(r, "delta_base"), get(r, "delta_base_lo"), get(r, "delta_base_hi"),
+                          star=bool(get(r, "delta_base_sig"))))
+        ref = _fmt(get(r, "delta_ref"), get(r, "delta_ref_lo"), get(r, "delta_ref_hi"), star=bool(get(r, "delta_ref_sig")))
+        cells.append(f"{ref} (vs {r['delta_ref_row']})" if ref else "")
+        cells.append(_fmt(get(r, "ppl"), get(r, "ppl_lo"), get(r, "ppl_hi"), 2, star=bool(get(r, "ppl_delta_base_sig"))))
+        cells.append(_fmt(get(r, "kl"), get(r, "kl_lo"), get(r, "kl_hi"), 4))
+        cells.append(_fmt(get(r, "top1"), get(r, "top1_lo"), get(r, "top1_hi")))
+        cells.append(_fmt(get(r, "greedy"), get(r, "greedy_lo"), get(r, "greedy_hi")))
+        cells.append(_fmt(get(r, "kv_reduction")))
+        cells.append(_fmt(get(r, "paper_average"), digits=2))
+        pd_ = get(r, "paper_delta_base")
+        cells.append(_fmt(pd_, digits=2) + (f" ({r['paper_row']})" if get(r, "paper_row") else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Scores in percent with 95% bootstrap intervals over examples; * = the paired difference against "
+              "the base model (same examples) has a 95% interval that excludes 0 (Δ vs ref: against the row named). "
+              "Paper columns: the paper's average for the corresponding row (its own tasks and models; see "
+              "analysis/paper/) and its difference to the paper's base model."]
+    if task_notes:
+        lines += ["", "Tasks: " + "; ".join(task_notes) + "."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""Which BIG-bench tasks to report: those where the base model beats chance, decided on the selection split only.
+
+For every candidate task and metric (accuracy, length-normalised accuracy) the base model's per-example excess
+over chance (correct - 1/choices, or the share of correct choices when several are correct) gets a bootstrap
+interval on the *selection* half of the examples. A task is kept when the interval of its better metric lies
+above zero; the reported scores come from the other half (the *report* split), which selection never saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+
+from analysis.io import task_scores
+from analysis.stats import BootstrapSettings, mean_ci
+
+
+def _chances(result: dict, task: str) -> dict[str, float]:
+    return {f"{task}/{s['doc']['id']}": float(s["doc"]["chance"]) for s in result["samples"][task]}
+
+
+def select_tasks(
+    result: dict,
+    manifest: dict,
+    metrics: tuple[str, ...] = ("acc,none", "acc_norm,none"),
+    max_tasks: int | None = None,
+    min_tasks: int = 1,
+    settings: BootstrapSettings = BootstrapSettings(),
+) -> dict:
+    """The chosen report-split tasks (lm-eval names, metric, chance) and the evidence for every candidate."""
+    candidates = []
+    for name, entry in sorted(manifest["tasks"].items()):
+        sel = entry["splits"]["selection"]
+        if sel["task"] not in result.get("samples", {}):
+            raise ValueError(f"selection run has no samples for {sel['task']}")
+        chance = _chances(result, sel["task"])
+        best = None
+        for metric in metrics:
+            scores = task_scores(result, sel["task"], metric)
+            excess = scores.values - np.array([chance[k] for k in scores.keys])
+            ci = mean_ci(excess, settings)
+            row = {"source": name, "selection_task": sel["task"], "metric": metric, "n": len(excess),
+                   "score": float(scores.values.mean()), "chance": float(np.mean([chance[k] for k in scores.keys])),
+                   "excess": ci.value, "excess_low": ci.low, "excess_high": ci.high}
+            candidates.append(row)
+            if best is None or row["excess_low"] > best["excess_low"]:
+                best = row
+        best["best_metric"] = True
+    ranked = sorted((c for c in candidates if c.get("best_metric")), key=lambda c: -c["excess_low"])
+    chosen = [dict(c, selected_by="interval above chance") for c in ranked if c["excess_low"] > 0]
+    if len(chosen) < min_tasks:  # too few pass (tiny CI samples): fill up with the next best, marked as such
+        chosen += [dict(c, selected_by="min_tasks fill-up (interval not above chance)")
+                   for c in ranked[len(chosen):min_tasks]]
+    dropped_for_budget = chosen[max_tasks:] if max_tasks else []
+    chosen = chosen[:max_tasks] if max_tasks else chosen
+    tasks = []
+    for c in sorted(chosen, key=lambda c: c["source"]):
+        report = manifest["tasks"][c["source"]]["splits"]["report"]
+        tasks.append({"name": report["task"], "metric": c["metric"], "source": c["source"], "n": report["n"],
+                      "chance": report["chance"], "num_fewshot": 0, "selected_by": c["selected_by"]})
+    return {
+        "rule": f"keep a task when the {settings.confidence:.0%} bootstrap interval of (score - chance) on the "
+                "selection split lies above 0 for its better metric; report on the report split",
+        "max_tasks": max_tasks,
+        "min_tasks": min_tasks,
+        "bootstrap": asdict(settings),
+        "tasks": tasks,
+        "dropped_for_budget": [c["source"] for c in dropped_for_budget],
+        "candidates": candidates,
+    }

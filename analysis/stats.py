@@ -1,0 +1,121 @@
+"""Bootstrap confidence intervals over examples (scipy.stats.bootstrap), for scores, averages and differences.
+
+- one task: the mean of per-example scores;
+- an average over tasks: the mean of per-task means, resampling examples *within* each task (stratified), so that
+  every task keeps its size and the average weighs tasks equally, as the paper's "Avg." column does;
+- a difference between two rows: per-example differences on the same examples (paired), then as above;
+- a ratio of sums (perplexity, KL per token): documents resampled with their numerator and denominator together.
+
+Percentile intervals (robust when per-example scores are 0/1 and a resample can be degenerate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+
+    def excludes(self, x: float = 0.0) -> bool:
+        return not (self.low <= x <= self.high)
+
+    def scaled(self, factor: float) -> "Interval":
+        return Interval(self.value * factor, self.low * factor, self.high * factor)
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    resamples: int = 2000
+    confidence: float = 0.95
+    seed: int = 0
+
+
+def _bootstrap(data: tuple, statistic, settings: BootstrapSettings, paired: bool = False) -> tuple[float, float]:
+    res = stats.bootstrap(
+        data,
+        statistic,
+        n_resamples=settings.resamples,
+        confidence_level=settings.confidence,
+        method="percentile",
+        paired=paired,
+        vectorized=True,
+        random_state=np.random.default_rng(settings.seed),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def mean_ci(x, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
+    """Mean of ``x`` with its bootstrap interval."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2 or np.all(x == x[0]):
+        return Interval(float(x.mean()), float(x.mean()), float(x.mean())) if len(x) else Interval(np.nan, np.nan, np.nan)
+    low, high = _bootstrap((x,), lambda a, axis=-1: a.mean(axis=axis), settings)
+    return Interval(float(x.mean()), low, high)
+
+
+def macro_mean_ci(groups: list, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
+    """Mean over groups of each group's mean; examples are resampled within each group (stratified)."""
+    groups = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not groups:
+        return Interval(np.nan, np.nan, np.nan)
+    value = float(np.mean([g.mean() for g in groups]))
+    varying = [g for g in groups if len(g) > 1 and not np.all(g == g[0])]
+    if not varying:
+        return Interval(value, value, value)
+    fixed = sum(g.mean() for g in groups if not any(g is v for v in varying))
+
+    def statistic(*samples, axis=-1):
+        return (fixed + sum(s.mean(axis=axis) for s in samples)) / len(groups)
+
+    low, high = _bootstrap(tuple(varying), statistic, settings)
+    return Interval(value, low, high)
+
+
+def paired_difference_ci(a: list, b: list, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
+    """Macro mean of per-example differences a - b (each pair of arrays aligned on the same examples)."""
+    diffs = []
+    for x, y in zip(a, b, strict=True):
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        if x.shape != y.shape:
+            raise ValueError("paired arrays must hold the same examples")
+        diffs.append(x - y)
+    return macro_mean_ci(diffs, settings)
+
+
+def ratio_ci(numerator, denominator, settings: BootstrapSettings = BootstrapSettings(), transform=None) -> Interval:
+    """sum(numerator) / sum(denominator) (then ``transform``), documents resampled as pairs."""
+    num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    f = transform or (lambda v: v)
+
+    def statistic(n, d, axis=-1):
+        return f(n.sum(axis=axis) / d.sum(axis=axis))
+
+    value = float(f(num.sum() / den.sum()))
+    if len(num) < 2:
+        return Interval(value, value, value)
+    low, high = _bootstrap((num, den), statistic, settings, paired=True)
+    lo, hi = sorted((low, high))
+    return Interval(value, lo, hi)
+
+
+def paired_ratio_difference_ci(num_a, den_a, num_b, den_b, settings: BootstrapSettings = BootstrapSettings(),
+                               transform=None) -> Interval:
+    """f(sum a_num / sum a_den) - f(sum b_num / sum b_den) over the same documents, resampled together."""
+    arrays = [np.asarray(v, dtype=float) for v in (num_a, den_a, num_b, den_b)]
+    f = transform or (lambda v: v)
+
+    def statistic(na, da, nb, db, axis=-1):
+        return f(na.sum(axis=axis) / da.sum(axis=axis)) - f(nb.sum(axis=axis) / db.sum(axis=axis))
+
+    value = float(statistic(*arrays))
+    if len(arrays[0]) < 2:
+        return Interval(value, value, value)
+    low, high = _bootstrap(tuple(arrays), statistic, settings, paired=True)
+    return Interval(value, *sorted((low, high)))

@@ -1,0 +1,232 @@
+"""BIG-bench multiple-choice tasks as offline lm-eval tasks (the default profile's benchmark suite).
+
+BIG-bench 1.0.0 ships every task as ``bigbench/benchmark_tasks/<task>[/<subtask>]/task.json`` inside its source
+distribution on PyPI. We fetch that sdist once (``pip download``, sha256-verified), read only the ``task.json``
+files we use straight from the tarball (never installing the package: its dependencies are heavy), and write
+each task as JSONL + an lm-eval task YAML.
+
+Prompt format (cloze): the task's own prefix, the example's input after the task's input prefix (default
+``Q: ``), then the task's output prefix (default ``A:``); each choice is scored as the continuation. The choices
+are *not* listed in the prompt: a 135M model is at chance on most tasks when they are, and well above chance on
+several in this format.
+
+Every example gets a stable id (a hash of task, input and choices) and lands in one of two halves by that hash:
+``selection`` (used only to decide which tasks the base model is above chance on) and ``report`` (the numbers in
+the tables), so that choosing tasks does not bias the reported scores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from swiftkv.errors import SwiftKVError
+from swiftkv.io import atomic_path, write_text
+
+logger = logging.getLogger(__name__)
+
+SDIST = "bigbench-1.0.0.tar.gz"
+SDIST_SPEC = "bigbench==1.0.0"
+SDIST_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
+TASKS_PREFIX = "bigbench-1.0.0/bigbench/benchmark_tasks/"
+SPLITS = ("selection", "report")
+
+
+def sha256_of(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_sdist(dest: str | Path) -> Path:
+    """Download the BIG-bench 1.0.0 sdist into ``dest`` with pip (no install, no dependencies); verify sha256."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / SDIST
+    if not path.is_file():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+               SDIST_SPEC, "-d", str(dest)]
+        logger.info("downloading %s (358 MB): %s", SDIST_SPEC, " ".join(cmd))
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if not path.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SwiftKVError(f"pip could not download {SDIST_SPEC} ({tail[0]}); check that PyPI is reachable")
+    verify_sdist(path)
+    return path
+
+
+def verify_sdist(path: str | Path) -> None:
+    got = sha256_of(path)
+    if got != SDIST_SHA256:
+        raise SwiftKVError(f"{path} has sha256 {got}, expected {SDIST_SHA256}; delete it and fetch again")
+
+
+def read_task_jsons(tarball: str | Path, names: list[str]) -> dict[str, dict]:
+    """Parse ``task.json`` of each task name (``task`` or ``task/subtask``) from the sdist, in one pass."""
+    wanted = {f"{TASKS_PREFIX}{name}/task.json": name for name in names}
+    found: dict[str, dict] = {}
+    with tarfile.open(tarball, "r:*") as tar:
+        for member in tar:
+            name = wanted.get(member.name)
+            if name is not None and member.isfile():
+                found[name] = json.load(tar.extractfile(member))
+                if len(found) == len(wanted):
+                    break
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise SwiftKVError(f"BIG-bench has no task.json for {', '.join(missing)}; check the task names in the config")
+    return found
+
+
+def extract_tasks(tarball: str | Path, names: list[str], out_dir: str | Path) -> list[Path]:
+    """Cache ``out_dir/<name>/task.json`` for each task (only those), reading the tarball once."""
+    out_dir = Path(out_dir)
+    paths = []
+    for name, task in read_task_jsons(tarball, names).items():
+        path = out_dir / name / "task.json"
+        write_text(path, json.dumps(task, ensure_ascii=False))
+        paths.append(path)
+    return paths
+
+
+# -- conversion -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClozeFormat:
+    """How a task's examples become prompts: BIG-bench's own prefixes where the task sets them."""
+
+    task_prefix: str = ""
+    input_prefix: str = "Q: "
+    output_prefix: str = "\nA:"
+
+    @classmethod
+    def of(cls, task: dict) -> "ClozeFormat":
+        fmt = cls(task_prefix=task.get("task_prefix") or "")
+        if task.get("example_input_prefix") is not None:
+            fmt.input_prefix = task["example_input_prefix"]
+        if task.get("example_output_prefix") is not None:
+            fmt.output_prefix = task["example_output_prefix"]
+        return fmt
+
+    def prompt(self, text: str) -> str:
+        head = (self.task_prefix + self.input_prefix).lstrip()
+        return head + text.strip() + self.output_prefix.rstrip(" ")
+
+    @property
+    def target_delimiter(self) -> str:
+        """A space before each choice unless the prompt ends in a line break."""
+        return "" if self.output_prefix.rstrip(" ").endswith("\n") else " "
+
+
+def task_slug(name: str) -> str:
+    return "bb_" + name.replace("/", "_").replace("-", "_")
+
+
+def example_id(name: str, text: str, choices: list[str]) -> str:
+    key = json.dumps([name, text, sorted(choices)], ensure_ascii=False)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def split_of_example(doc_id: str) -> str:
+    """``selection`` or ``report``: half of the examples each, by the example's hash (stable, order-free)."""
+    return SPLITS[int(doc_id[:8], 16) % 2]
+
+
+def multiple_choice_docs(name: str, task: dict) -> list[dict]:
+    """The task's multiple-choice examples as lm-eval docs (dedupe by id; examples without a unique best choice
+    set are kept with every top-scored choice counted correct, as BIG-bench's multiple_choice_grade does)."""
+    fmt = ClozeFormat.of(task)
+    docs, seen = [], set()
+    for ex in task.get("examples", []):
+        scores = ex.get("target_scores")
+        if not isinstance(scores, dict) or len(scores) < 2:
+            continue
+        choices = [str(c).strip() for c in scores]
+        values = [float(v) for v in scores.values()]
+        best = max(values)
+        if best <= 0 or len(set(choices)) != len(choices):
+            continue
+        doc_id = example_id(name, ex["input"], choices)
+        if doc_id in seen:
+            continue
+        seen.add(doc_id)
+        gold = [i for i, v in enumerate(values) if v == best]
+        docs.append({
+            "id": doc_id,
+            "query": fmt.prompt(ex["input"]),
+            "choices": choices,
+            "gold": gold,
+            "chance": len(gold) / len(choices),
+        })
+    return docs
+
+
+def split_docs(docs: list[dict], split: str, limit: int | None = None) -> list[dict]:
+    """The docs of one split in a fixed pseudo-random order (by id), at most ``limit`` of them."""
+    chosen = sorted((d for d in docs if split_of_example(d["id"]) == split), key=lambda d: d["id"])
+    return chosen[:limit] if limit else chosen
+
+
+def task_yaml(task_name: str, data_file: Path, delimiter: str) -> dict:
+    return {
+        "task": task_name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data_file.resolve())}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{query}}",
+        "doc_to_choice": "choices",
+        "doc_to_target": "gold",
+        "target_delimiter": delimiter,
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0, "source": "BIG-bench 1.0.0 sdist", "format": "cloze"},
+    }
+
+
+def write_lm_eval_tasks(
+    task_jsons: dict[str, dict], out_dir: str | Path, limits: dict[str, int | None] | None = None
+) -> dict:
+    """Write ``<out_dir>/<split>/<slug>.{jsonl,yaml}`` for every task and split; return a manifest.
+
+    ``limits`` caps the number of examples per split (``{"selection": n, "report": m}``; None = all).
+    """
+    out_dir = Path(out_dir)
+    limits = limits or {}
+    manifest = {"format": "cloze", "splits": {}, "tasks": {}}
+    for name, task in sorted(task_jsons.items()):
+        docs = multiple_choice_docs(name, task)
+        if not docs:
+            raise SwiftKVError(f"BIG-bench task {name} has no multiple-choice examples (target_scores); drop it")
+        fmt = ClozeFormat.of(task)
+        entry = {"slug": task_slug(name), "examples": len(docs), "splits": {}}
+        for split in SPLITS:
+            chosen = split_docs(docs, split, limits.get(split))
+            task_name = f"{task_slug(name)}_{split}"
+            data_file = out_dir / split / f"{task_slug(name)}.jsonl"
+            with atomic_path(data_file) as tmp:
+                tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in chosen))
+            write_text(out_dir / split / f"{task_slug(name)}.yaml",
+                       yaml.safe_dump(task_yaml(task_name, data_file, fmt.target_delimiter), sort_keys=False))
+            entry["splits"][split] = {
+                "task": task_name,
+                "n": len(chosen),
+                "chance": sum(d["chance"] for d in chosen) / max(1, len(chosen)),
+            }
+        manifest["tasks"][name] = entry
+    for split in SPLITS:
+        manifest["splits"][split] = str((out_dir / split).resolve())
+    return manifest

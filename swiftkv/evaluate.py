@@ -1,0 +1,358 @@
+"""Evaluation through lm-eval: an HFLM over an already-loaded (SwiftKV) model, scored the way SwiftKV serves.
+
+``SwiftKVLM`` is lm-eval's ``HFLM`` with two changes, neither visible in the scores:
+
+- **log-likelihoods through a prefill.** HFLM runs every (context, continuation) pair as one sequence and keeps
+  the continuation's logits. We prefill each distinct context once, with the KV cache on and
+  ``logits_to_keep=1`` (a SwiftKV student then runs every context position but the last through layers < l
+  only: the paper's prefill skip), and run the continuations of that context as one batch against the cache.
+  Multiple-choice questions share their context across choices, so this also saves the repeated context.
+  Log-likelihoods equal a full forward's (tested on tiny random models, teacher and student).
+- **KV-cache variants**: ``kv_cache="fp8"`` runs every forward (and ``generate``) with an FP8 fake-quant cache
+  (``swiftkv.kvquant``), for the paper's Table B.1.
+
+Importing this module registers it with lm-eval as model ``swiftkv``, so
+``python -m swiftkv.harness --model swiftkv --model_args pretrained=<checkpoint> ...`` works too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
+from swiftkv.errors import SwiftKVError
+from swiftkv.kvquant import make_cache_factory
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+
+def is_student(model) -> bool:
+    return bool(getattr(model.config, "swiftkv", False)) and hasattr(model, "swiftkv")
+
+
+@register_model("swiftkv")
+class SwiftKVLM(HFLM):
+    """lm-eval's HFLM that asks the model only for the logits it scores (prefill skip), optionally with an FP8 cache.
+
+    ``pretrained`` may be a loaded model (pass ``tokenizer``) or anything ``HFLM`` accepts; SwiftKV checkpoints run
+    as the student unless ``teacher=True``.
+    """
+
+    def __init__(self, pretrained, *, teacher: bool = False, kv_cache: str = "native", prefill_skip: bool = True,
+                 logits_budget_bytes: float = 1.5e9, **kwargs):
+        kwargs.setdefault("backend", "causal")
+        super().__init__(pretrained=pretrained, **kwargs)
+        if hasattr(self.model, "swiftkv"):
+            self.model.swiftkv(not _as_bool(teacher))
+        self.kv_cache = kv_cache
+        self._cache_factory = make_cache_factory(kv_cache)
+        self.prefill_skip = _as_bool(prefill_skip)
+        if is_student(self.model):
+            self.model.model.prefill_skip = self.prefill_skip  # off: same logits, every position runs every layer
+        self.logits_budget_bytes = logits_budget_bytes
+        self.tokens_run = {"context": 0, "continuation": 0}  # positions run (for the log)
+
+    # -- log-likelihoods ---------------------------------------------------------------------------------------
+
+    def _new_cache(self):
+        from transformers.cache_utils import DynamicCache
+
+        factory = self._cache_factory or (lambda config: DynamicCache(config=config))
+        return factory(self.model.config)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        """(log-likelihood, is-greedy) of each (context, continuation) request, the way SwiftKV serves a prompt.
+
+        Requests that share a context (the choices of a multiple-choice question, one window of a rolling
+        log-likelihood) share one prefill of that context: with the cache on and ``logits_to_keep=1``, so a
+        student runs every context position but the last through layers < l only. The continuations then run
+        as one batch against the cached context. HFLM's own semantics are kept: the same left truncation to
+        ``max_length + 1`` tokens, the same scored positions, the cache hook for every request with a string.
+        """
+        if self.backend != "causal":
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = defaultdict(list)
+        for i, (_, context_enc, continuation_enc) in enumerate(requests):
+            if not context_enc or not continuation_enc or len(continuation_enc) > self.max_length:
+                raise SwiftKVError("lm-eval request with an empty context/continuation or a continuation over max_length")
+            full = (context_enc + continuation_enc)[-(self.max_length + 1):]
+            n_ctx = len(full) - len(continuation_enc)
+            groups[tuple(full[:n_ctx])].append((i, full[n_ctx:]))
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood (shared contexts)")
+        for batch in self._context_batches(groups, override_bs):
+            for i, answer in self._score_batch(batch):
+                results[i] = answer
+                request_str = requests[i][0]
+                if request_str is not None:
+                    self.cache_hook.add_partial("loglikelihood", request_str, answer)
+                bar.update(1)
+        bar.close()
+        return results
+
+    def _position_budget(self) -> int:
+        """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
+        return max(256, int(self.logits_budget_bytes // (8 * self.model.config.vocab_size)))
+
+    def _context_batches(self, groups, override_bs=None):
+        """Contexts longest first, at most ``batch_size`` per batch; a new batch when the left padding of a context
+        would exceed both a quarter of its batch's width and ``PAD_SLACK`` positions, or the budget is full."""
+        max_contexts = int(override_bs or (self.batch_size if str(self.batch_size).isdigit() else 16))
+        budget = self._position_budget()
+        batch, width = [], 0
+        for ctx, conts in sorted(groups.items(), key=lambda kv: -len(kv[0])):
+            if batch and (len(batch) >= max_contexts or _wasteful(len(ctx), width) or (len(batch) + 1) * width > budget):
+                yield batch
+                batch = []
+            if not batch:
+                width = len(ctx)
+            batch.append((ctx, conts))
+        if batch:
+            yield batch
+
+    def _tail_chunks(self, rows):
+        """Continuation rows (longest first) in chunks: a new chunk when a row's right padding would exceed both
+        a quarter of the chunk's width and ``PAD_SLACK`` positions, or the budget is full. (Every forward has a fixed cost,
+        so short rows share one.)"""
+        budget = self._position_budget()
+        chunk, width = [], 0
+        for row in sorted((r for r in rows if len(r[2]) > 1), key=lambda r: -len(r[2])):
+            tail = len(row[2]) - 1
+            if chunk and (_wasteful(tail, width) or (len(chunk) + 1) * width > budget):
+                yield chunk
+                chunk = []
+            if not chunk:
+                width = tail
+            chunk.append(row)
+        if chunk:
+            yield chunk
+
+    @torch.no_grad()
+    def _score_batch(self, batch):
+        device = self.device
+        contexts = [list(ctx) for ctx, _ in batch]
+        width = max(len(c) for c in contexts)
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for g, ctx in enumerate(contexts):  # left padding: every context ends at the same column
+            ids[g, width - len(ctx):] = torch.tensor(ctx, device=device)
+            mask[g, width - len(ctx):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        with self._autocast():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1)  # SwiftKV: the prefill skip (only the last position runs every layer)
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # G,V: predicts each continuation's 1st token
+        self.tokens_run["context"] += int(mask.sum())
+        # The prefill's K/V per layer (AcrossKV: empty slots stay empty), copied row by row into each chunk's cache.
+        prefix = [(layer.keys, layer.values) if layer.get_seq_length() > 0 else None for layer in cache.layers]
+        rows = [(g, i, cont) for g, (_, conts) in enumerate(batch) for i, cont in conts]
+        for g, i, cont in rows:
+            if len(cont) == 1:
+                yield i, self._answer(first[g : g + 1], cont)
+        for chunk in self._tail_chunks(rows):
+            index = torch.tensor([g for g, _, _ in chunk], device=device)
+            chunk_cache = self._new_cache()
+            for layer, kv in zip(chunk_cache.layers, prefix):
+                if kv is not None:
+                    layer.update(kv[0][index], kv[1][index])  # the layer's own update: no second quantisation
+            tail = len(chunk[0][2]) - 1
+            tail_ids = torch.zeros(len(chunk), tail, dtype=torch.long, device=device)
+            tail_mask = torch.zeros_like(tail_ids)
+            for r, (_, _, cont) in enumerate(chunk):
+                tail_ids[r, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
+                tail_mask[r, : len(cont) - 1] = 1
+            tail_pos = positions[index, -1:] + 1 + torch.arange(tail, device=device)
+            with self._autocast():
+                logits = self.model(input_ids=tail_ids, attention_mask=torch.cat([mask[index], tail_mask], dim=1),
+                                    position_ids=tail_pos, cache=chunk_cache, use_cache=True).logits  # R,T,V
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            self.tokens_run["continuation"] += int(tail_mask.sum())
+            for r, (g, i, cont) in enumerate(chunk):
+                yield i, self._answer(torch.cat([first[g : g + 1], logp[r, : len(cont) - 1]]), cont)
+
+    @staticmethod
+    def _answer(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
+        """(summed log-probability of ``cont``, whether every token is the argmax) from its (len, V) log-probs."""
+        target = torch.tensor(cont, device=logp.device)
+        picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return float(picked.sum()), bool((logp.argmax(-1) == target).all())
+
+    def _autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                              enabled=self.mixed_precision_dtype is not None)
+
+    # -- generation --------------------------------------------------------------------------------------------
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        if self._cache_factory is not None:
+            generation_kwargs["past_key_values"] = self._cache_factory(self.model.config)
+        return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
+
+PAD_SLACK = 4  # positions of padding per row that are cheaper than another forward
+
+
+def _wasteful(length: int, width: int) -> bool:
+    return width - length > PAD_SLACK and length < 0.75 * width
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+# -- running a suite -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskSpec:
+    """One lm-eval task as the config names it: shots, the metric the tables report, chat template or not."""
+
+    name: str
+    num_fewshot: int | None = None
+    metric: str = "acc"
+    chat_template: bool = False
+    fewshot_as_multiturn: bool = False
+    limit: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str | dict) -> "TaskSpec":
+        if isinstance(spec, str):
+            return cls(name=spec)
+        known = {k: spec[k] for k in ("name", "num_fewshot", "metric", "chat_template", "fewshot_as_multiturn", "limit")
+                 if k in spec}
+        return cls(**known, extra={k: v for k, v in spec.items() if k not in known})
+
+
+def run_suite(
+    lm: SwiftKVLM,
+    tasks: list[TaskSpec],
+    include_paths: list[str | Path] | None = None,
+    seed: int = 1234,
+    bootstrap_iters: int = 1000,
+) -> dict:
+    """Run lm-eval's ``simple_evaluate`` over ``tasks`` (grouped by shots / chat settings) and merge the results.
+
+    Returns lm-eval's result dict (``results``, ``configs``, ``versions``, ``n-shot``, ``n-samples``,
+    ``higher-is-better``, ``samples`` per task) plus ``swiftkv`` (what was run, how long, metric per task).
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(p) for p in include_paths or []]
+    # Indexing lm-eval's thousands of built-in task YAMLs takes a while: skip it when our own folders hold them all.
+    manager = TaskManager(include_path=paths, include_defaults=False) if paths else None
+    if manager is None or any(s.name not in manager.all_tasks for s in tasks):
+        manager = TaskManager(include_path=paths or None)
+    groups: dict[tuple, list[TaskSpec]] = defaultdict(list)
+    for spec in tasks:
+        groups[(spec.num_fewshot, spec.chat_template, spec.fewshot_as_multiturn, spec.limit)].append(spec)
+    merged: dict[str, Any] = {}
+    timings = {}
+    for (shots, chat, multiturn, limit), specs in groups.items():
+        names = [s.name for s in specs]
+        unknown = [n for n in names if n not in manager.all_tasks]
+        if unknown:
+            raise SwiftKVError(f"lm-eval does not know task(s) {', '.join(unknown)}; check the config and include paths")
+        logger.info("lm-eval: %s (shots=%s, chat=%s)", ", ".join(names), shots, chat)
+        t0 = time.perf_counter()
+        out = simple_evaluate(
+            model=lm,
+            tasks=names,
+            num_fewshot=shots,
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=chat,
+            fewshot_as_multiturn=multiturn,
+            task_manager=manager,
+            bootstrap_iters=bootstrap_iters,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+        elapsed = time.perf_counter() - t0
+        for name in names:
+            timings[name] = elapsed / len(names)
+        _merge(merged, out)
+    merged["swiftkv"] = {
+        "tasks": [vars(s) for s in tasks],
+        "metric": {s.name: s.metric for s in tasks},
+        "seconds_per_task_group_share": timings,
+        "tokens_run": dict(getattr(lm, "tokens_run", {})),
+        "kv_cache": getattr(lm, "kv_cache", "native"),
+        "prefill_skip": bool(getattr(lm, "prefill_skip", False)) and is_student(lm.model),
+    }
+    return merged
+
+
+def _merge(into: dict, out: dict) -> None:
+    for key, value in out.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key].update(value)
+        elif key not in into:
+            into[key] = value
+
+
+# -- one model end to end (what ``swiftkv eval`` runs) -------------------------------------------------------------
+
+
+def tasks_from_manifest(manifest: dict, split: str) -> list[TaskSpec]:
+    """Every task of a BIG-bench manifest (``swiftkv bigbench build``) on one split."""
+    return [TaskSpec(name=entry["splits"][split]["task"]) for _, entry in sorted(manifest["tasks"].items())]
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    tasks: list[TaskSpec],
+    include_paths: list[str | Path],
+    *,
+    teacher_model=None,
+    kv_cache: str = "native",
+    batch_size: int = 16,
+    fidelity=None,
+    heldout=None,
+    seed: int = 1234,
+) -> tuple[dict, dict | None]:
+    """lm-eval results (with samples) of ``model`` as the student, and its fidelity to ``teacher_model``.
+
+    ``fidelity`` is a ``swiftkv.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
+    it uses (default: ``swiftkv.heldout.heldout_sample()``).
+    """
+    from swiftkv.fidelity import measure_fidelity
+    from swiftkv.kvquant import kv_memory
+
+    lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache)
+    t0 = time.perf_counter()
+    result = run_suite(lm, tasks, include_paths, seed=seed)
+    result["swiftkv"]["seconds_lm_eval"] = time.perf_counter() - t0
+    result["swiftkv"]["kv_memory"] = kv_memory(model.config, kv_cache)
+    result["swiftkv"]["model_config"] = {k: getattr(model.config, k, None) for k in (
+        "model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size", "swiftkv_key_value_heads",
+        "num_key_value_heads")}
+    result["swiftkv"]["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+    fid = None
+    if fidelity is not None:
+        from swiftkv.heldout import heldout_sample
+
+        t0 = time.perf_counter()
+        conversations = heldout if heldout is not None else heldout_sample()
+        fid = measure_fidelity(teacher_model if teacher_model is not None else model, model, tokenizer, conversations,
+                               fidelity, cache_factory=make_cache_factory(kv_cache))
+        fid["seconds"] = time.perf_counter() - t0
+        fid["kv_cache"] = kv_cache
+    return result, fid

@@ -1,0 +1,207 @@
+"""lm-eval integration: log-likelihoods through SwiftKVLM (shared-context prefill, prefill skip, FP8 cache) equal a
+direct forward of the same model; the suite runs offline on a converted BIG-bench fixture task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.testing import assert_close
+from transformers import PreTrainedTokenizerFast
+
+from swiftkv import convert_to_swiftkv
+from swiftkv.evaluate import SwiftKVLM, TaskSpec, run_suite
+from swiftkv.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
+from tests.conftest import TINY, tiny_base
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls: one thread avoids OpenMP barrier waits that make these tests 20x slower on a busy machine."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over the tiny models' vocabulary: '<pad>', '<eos>', then 'w2' ... 'w100'."""
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, TINY["vocab_size"])}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+
+
+def words(*ids: int) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def direct_loglikelihood(model, context: list[int], continuation: list[int], max_length: int, cache_factory=None):
+    """What the request means: one plain forward over (context + continuation)[:-1], every position computed."""
+    full = (context + continuation)[-(max_length + 1):]
+    ids = torch.tensor([full[:-1]])
+    kwargs = {"use_cache": False}
+    if cache_factory is not None:
+        kwargs = {"use_cache": True, "cache": cache_factory(model.config)}
+    if hasattr(model, "swiftkv") and model.config.swiftkv:
+        model.model.prefill_skip = False
+    try:
+        logp = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0].float(), -1)[-len(continuation):]
+    finally:
+        if hasattr(model, "swiftkv"):
+            model.model.prefill_skip = True
+    target = torch.tensor(continuation)
+    return float(logp.gather(-1, target[:, None]).sum()), bool((logp.argmax(-1) == target).all())
+
+
+def requests(seed: int = 0) -> list[tuple]:
+    """Multiple-choice style requests (shared contexts, one- and multi-token choices) plus long ones that need
+    left truncation, as lm-eval's (key, context tokens, continuation tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n_ctx in (3, 7, 12, 30):
+        ctx = torch.randint(2, TINY["vocab_size"], (n_ctx,), generator=gen).tolist()
+        for n_cont in (1, 1, 2, 5):
+            cont = torch.randint(2, TINY["vocab_size"], (n_cont,), generator=gen).tolist()
+            out.append((None, ctx, cont))
+    out.append((None, [5], torch.randint(2, 50, (20,), generator=gen).tolist()))  # a rolling-style window
+    return out
+
+
+MODELS = {
+    "base": lambda b: b,
+    "teacher": lambda b: convert_to_swiftkv(b, 2).swiftkv(False),
+    "student": lambda b: convert_to_swiftkv(b, 2),
+    "student-acrosskv": lambda b: convert_to_swiftkv(b, 1, 3),
+}
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kv_cache", ["native", "fp8"])
+@torch.no_grad()
+def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache):
+    model = MODELS[kind](tiny_base(family))
+    lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, kv_cache=kv_cache,
+                   teacher=(kind == "teacher"), device="cpu")
+    reqs = requests()
+    got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    factory = (lambda config: FP8FakeQuantCache(config=config)) if kv_cache == "fp8" else None
+    want = [direct_loglikelihood(model, c, t, 24, factory) for _, c, t in reqs]
+    assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
+    assert [g[1] for g in got] == [w[1] for w in want]
+
+
+@torch.no_grad()
+def test_student_prefill_skips_later_layers():
+    """Context positions of a student stop at layer l: layer l sees only the last context position in the prefill."""
+    model = convert_to_swiftkv(tiny_base(), 2)
+    seen = []
+    hook = model.model.layers[2].register_forward_hook(lambda m, a, k, o: seen.append(a[0].shape[1]) if a else None,
+                                                       with_kwargs=True)
+    seen_first = []
+    hook0 = model.model.layers[0].register_forward_hook(lambda m, a, k, o: seen_first.append(a[0].shape[1]),
+                                                        with_kwargs=True)
+    try:
+        lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=1, device="cpu")
+        lm._loglikelihood_tokens([(None, list(range(2, 22)), [30])], disable_tqdm=True)
+    finally:
+        hook.remove()
+        hook0.remove()
+    assert seen_first == [20] and seen == [1]
+
+
+def test_fp8_fake_quant_rounds_per_token():
+    """e4m3 keeps 3 mantissa bits: relative error <= 2**-4 for normal values, one scale per (batch, token)."""
+    x = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 100.0, 1e-3, 7.0, 0.5])[:, None]
+    q = fake_quant_fp8_per_token(x)
+    scale = x.abs().amax(dim=(1, 3), keepdim=True) / 448
+    assert not torch.equal(q, x)
+    assert ((q - x).abs() <= x.abs() * 2**-4 + scale * 2**-9).all()
+    assert torch.equal(q.abs().amax(dim=(1, 3)), x.abs().amax(dim=(1, 3)))  # the largest value per token is exact
+
+
+@torch.no_grad()
+def test_fp8_cache_is_used_by_teacher_and_student_layers():
+    base = tiny_base()
+    student = convert_to_swiftkv(tiny_base(), 2)
+    ids = torch.randint(2, 100, (1, 16), generator=torch.Generator().manual_seed(0))
+    for model in (base, student):
+        cache = FP8FakeQuantCache(config=model.config)
+        out = model(ids, cache=cache, use_cache=True).logits
+        assert not torch.equal(out, model(ids, use_cache=False).logits)
+        k = cache.layers[0].keys
+        assert torch.equal(k, fake_quant_fp8_per_token(k))  # what the cache holds is already on the FP8 grid
+
+
+def test_kv_memory_matches_the_paper():
+    """Llama-3.1-8B, 50% SwiftKV + 4-way AcrossKV: 37.5% smaller KV cache; with FP8 68.75% (paper Table B.1)."""
+    from transformers import LlamaConfig
+
+    from swiftkv.convert import swiftkv_config_from
+    from swiftkv.kvquant import kv_memory
+
+    base = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096)
+    cfg = swiftkv_config_from(base, 16, 4)
+    assert kv_memory(base)["reduction"] == 0
+    assert kv_memory(cfg)["reduction"] == pytest.approx(0.375)
+    assert kv_memory(cfg, "fp8")["reduction"] == pytest.approx(0.6875)
+    assert kv_memory(swiftkv_config_from(base, 16, 1), "fp8")["reduction"] == pytest.approx(0.5)
+    mqa = swiftkv_config_from(base, 16, 1, swiftkv_key_value_heads=2)
+    assert kv_memory(mqa)["reduction"] == pytest.approx(kv_memory(cfg)["reduction"])  # the Table B.2 budget
+
+
+def fixture_task(tmp_path):
+    from swiftkv.bigbench import write_lm_eval_tasks
+
+    examples = [{"input": words(2 + i, 3 + i, 4 + i), "target_scores": {words(10 + i): 1, words(40 + i): 0, words(70 + i, 5): 0}}
+                for i in range(12)]
+    task = {"name": "fixture", "examples": examples}
+    return write_lm_eval_tasks({"fixture": task}, tmp_path / "tasks")
+
+
+@torch.no_grad()
+def test_suite_through_lm_eval_matches_direct_forward(tmp_path):
+    """Per-sample log-likelihoods that lm-eval logs for a student equal direct forwards of the same strings."""
+    model = convert_to_swiftkv(tiny_base(), 2)
+    tok = tiny_tokenizer()
+    manifest = fixture_task(tmp_path)
+    lm = SwiftKVLM(model, tokenizer=tok, batch_size=4, device="cpu")
+    out = run_suite(lm, [TaskSpec(name="bb_fixture_report")], [manifest["splits"]["report"]])
+    samples = out["samples"]["bb_fixture_report"]
+    assert len(samples) == manifest["tasks"]["fixture"]["splits"]["report"]["n"] > 0
+    for sample in samples:
+        for (context, continuation), resp in zip(sample["arguments"], sample["resps"]):
+            ctx = tok(context, add_special_tokens=False)["input_ids"]
+            whole = tok(context + continuation, add_special_tokens=False)["input_ids"]
+            ll, greedy = direct_loglikelihood(model, ctx, whole[len(ctx):], lm.max_length)
+            assert abs(float(resp[0][0]) - ll) < 1e-4 and bool(resp[0][1]) == greedy
+    assert 0 <= out["results"]["bb_fixture_report"]["acc,none"] <= 1
+    assert out["swiftkv"]["prefill_skip"] is True
+    json.dumps(out, default=str)  # the whole result (samples included) serialises
+
+
+@pytest.mark.slow  # lm-eval's CLI indexes its thousands of built-in task YAMLs: minutes on a busy 2-core machine
+def test_lm_eval_cli_runs_a_swiftkv_checkpoint(tmp_path):
+    """The documented one line: lm-eval's own CLI (``--model hf``) on a saved SwiftKV checkpoint, via
+    ``python -m swiftkv.harness``; its scores equal those of our in-process SwiftKVLM."""
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    model = convert_to_swiftkv(tiny_base(), 2)
+    model.save_pretrained(ckpt)
+    tiny_tokenizer().save_pretrained(ckpt)
+    manifest = fixture_task(tmp_path)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "swiftkv.harness", "--model", "hf", "--model_args", f"pretrained={ckpt},dtype=float32",
+           "--tasks", "bb_fixture_report", "--include_path", manifest["splits"]["report"], "--device", "cpu",
+           "--batch_size", "4", "--output_path", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(next(out.rglob("results_*.json")).read_text())
+    ours = run_suite(SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=4, device="cpu"),
+                     [TaskSpec(name="bb_fixture_report")], [manifest["splits"]["report"]])
+    assert result["results"]["bb_fixture_report"]["acc,none"] == ours["results"]["bb_fixture_report"]["acc,none"]
+    assert result["config"]["model"] == "hf"

@@ -1,0 +1,89 @@
+"""Teacher fidelity on tiny random models, and the held-out perplexity task's documents."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swiftkv import convert_to_swiftkv
+from swiftkv.data import Conversation
+from swiftkv.fidelity import FidelitySettings, common_prefix, greedy_continuations, measure_fidelity, teacher_forced
+from swiftkv.heldout import heldout_sample, perplexity_docs, truncate_to_tokens, write_perplexity_task
+from swiftkv.kvquant import make_cache_factory
+from tests.conftest import tiny_base
+from tests.test_evaluate import one_thread, tiny_tokenizer, words  # noqa: F401  (fixture)
+
+
+def conversations(n: int = 6) -> list[Conversation]:
+    return [Conversation(f"c{i}", [{"role": "user", "content": words(*range(2 + i, 12 + i))},
+                                   {"role": "assistant", "content": words(*range(40 + i, 60 + i))}]) for i in range(n)]
+
+
+@torch.no_grad()
+def test_teacher_forced_kl_and_top1_match_a_direct_computation():
+    teacher = tiny_base()
+    student = convert_to_swiftkv(tiny_base(), 2)
+    seqs = [list(range(2, 20)), list(range(30, 42))]
+    rows = teacher_forced(teacher, student, seqs, batch_size=2, progress=False)
+    for seq, row in zip(seqs, rows):
+        ids = torch.tensor([seq])
+        t = F.log_softmax(teacher(ids).logits[0], -1)
+        s = F.log_softmax(student(ids).logits[0], -1)
+        assert row["tokens"] == len(seq)
+        assert row["kl_sum"] == pytest.approx(float((t.exp() * (t - s)).sum()), rel=1e-4)
+        assert row["top1_agree"] == float((t.argmax(-1) == s.argmax(-1)).sum())
+        assert row["kl_sum"] > 0
+
+
+@torch.no_grad()
+def test_a_model_is_perfectly_faithful_to_itself_and_fp8_is_not():
+    model, tok = tiny_base(), tiny_tokenizer()
+    settings = FidelitySettings(num_sequences=3, max_tokens=24, num_prompts=3, max_prompt_tokens=40, new_tokens=5,
+                                batch_size=2)
+    same = measure_fidelity(model, model, tok, conversations(), settings, progress=False)
+    assert same["kl"] == 0 and same["top1"] == 1 and same["greedy"] == 1
+    fp8 = measure_fidelity(model, model, tok, conversations(), settings, make_cache_factory("fp8"), progress=False)
+    assert fp8["kl"] > 0 and len(fp8["greedy_rows"]) == 3
+
+
+@torch.no_grad()
+def test_greedy_student_matches_its_own_full_decoding():
+    student = convert_to_swiftkv(tiny_base(), 2)
+    prompts = [list(range(2, 9)), list(range(20, 24))]
+    out = greedy_continuations(student, prompts, new_tokens=6, pad_id=0, eos_id=None, batch_size=2, progress=False)
+    for prompt, cont in zip(prompts, out):
+        ids = torch.tensor([prompt])
+        student.model.prefill_skip = False
+        for _ in range(6):
+            ids = torch.cat([ids, student(ids, use_cache=False).logits[:, -1:].argmax(-1)], 1)
+        student.model.prefill_skip = True
+        assert cont == ids[0, len(prompt):].tolist()
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+
+
+def test_perplexity_documents_are_cut_at_token_boundaries(tmp_path):
+    tok = tiny_tokenizer()
+    text, n = truncate_to_tokens(tok, words(*range(2, 30)), 10)
+    assert n == 10 and tok(text, add_special_tokens=False)["input_ids"] == list(range(2, 12))
+    docs = perplexity_docs(tok, conversations(), num_docs=4, max_tokens=20, min_tokens=8)
+    assert len(docs) == 4 and all(d["tokens"] == 20 for d in docs)
+    path = write_perplexity_task(docs, tmp_path)
+    from lm_eval.tasks import TaskManager
+
+    task = TaskManager(include_path=[str(tmp_path)], include_defaults=False).load([path.stem])["tasks"][path.stem]
+    assert task.OUTPUT_TYPE == "loglikelihood_rolling" and len(list(task.eval_docs)) == 4
+
+
+def test_heldout_sample_order_does_not_depend_on_input_order():
+    convs = conversations(6)
+    assert [c.id for c in heldout_sample(convs)] == [c.id for c in heldout_sample(convs[::-1])]
+
+
+def test_conversations_round_trip(tmp_path):
+    from swiftkv.heldout import read_conversations, write_conversations
+
+    convs = conversations(3)
+    write_conversations(convs, tmp_path / "c.jsonl")
+    back = read_conversations(tmp_path / "c.jsonl")
+    assert [(c.id, c.messages) for c in back] == [(c.id, c.messages) for c in convs]

@@ -1,0 +1,60 @@
+"""The eval stage of the DAG (dry runs): every table row is one evaluation job, Table B.1 adds the FP8 rows, the
+selection split feeds the reported task list, the paper profile runs the configured lm-eval tasks instead."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("snakemake") is None, reason="snakemake not installed")
+TABLES = ["reports/table2.csv", "reports/table4a.csv", "reports/table4b.csv", "reports/tableB1.csv",
+          "reports/tableB2.csv"]
+
+
+def dry_run(targets: list[str], *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    cmd = ["snakemake", *targets, "-n", "--nolock", "--forceall", *flags]
+    if configfiles:
+        cmd += ["--configfile", *configfiles]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    return {line.split()[0]: int(line.split()[1]) for line in stdout.splitlines()
+            if len(line.split()) == 2 and line.split()[1].isdigit()}
+
+
+def sheet_rows(table: str) -> list[str]:
+    rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
+    return [r[1] for r in rows if r[0] == "smollm2-135m" and table in r[-1].split(",")]
+
+
+def test_all_five_tables_in_the_ci_profile():
+    out = dry_run(TABLES, "config/ci.yaml")
+    assert out.returncode == 0, out.stderr
+    counts = job_counts(out.stdout)
+    native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
+    assert counts["eval_swiftkv"] == len(native) + len(sheet_rows("tableB1"))  # + the FP8 rows of Table B.1
+    assert counts["make_table"] == 5
+    assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
+
+
+def test_eval_job_wires_checkpoint_tasks_and_cache():
+    out = dry_run(["results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/lm_eval.json"], "config/ci.yaml",
+                  flags=("-p",))
+    assert out.returncode == 0, out.stderr
+    cmd = next(line for line in out.stdout.splitlines() if "swiftkv eval results/" in line)
+    for part in ("swiftkv eval results/checkpoints/smollm2-135m/swiftkv-50-acrosskv-3", "--base smollm2-135m",
+                 "--tasks-json results/eval/smollm2-135m/tasks.json", "--kv-cache fp8",
+                 "--include-path results/tasks/bigbench/report", "--task sharegpt_heldout_ppl"):
+        assert part in cmd, cmd
+
+
+def test_paper_profile_uses_the_papers_tasks():
+    out = dry_run(["reports/table2.csv"], "config/paper.yaml")
+    assert out.returncode == 0, out.stderr
+    counts = job_counts(out.stdout)
+    assert "write_eval_tasks" in counts and "eval_selection_split" not in counts
