@@ -2,7 +2,7 @@
 
 The C allocator keeps freed blocks for reuse, so an in-process RSS peak says little about the block itself
 unless large allocations go straight to the kernel: ``large_allocations_unpooled()`` sets glibc's mmap
-threshold low (128 KiB) so that every large tensor is mapped on allocation and unmapped when freed, and the RSS
+threshold low (32 KiB) so that every large tensor is mapped on allocation and unmapped when freed, and the RSS
 rise during the block is the memory the block really held (KV cache, activations, logits).
 """
 
@@ -31,7 +31,7 @@ def rss_bytes() -> int:
         return 0
 
 
-def large_allocations_unpooled(threshold: int = 128 * 1024) -> bool:
+def large_allocations_unpooled(threshold: int = 32 * 1024) -> bool:
     """Ask glibc to mmap (and unmap on free) every allocation >= ``threshold``; False where that is not possible."""
     try:
         libc = ctypes.CDLL("libc.so.6")
