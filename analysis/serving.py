@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 PAPER = Path(__file__).parent / "paper"
-ENGINE_NAMES = {"hf": "transformers generate()", "vllm": "vLLM"}
+ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 NOT_MEASURED = "not measured here"
 
 
@@ -27,12 +28,12 @@ def load_results(paths) -> pd.DataFrame:
     for path in paths:
         data = json.loads(Path(path).read_text())
         hw = data.get("hardware", {})
-        engine = ENGINE_NAMES.get(data["engine"], data["engine"])
-        version = data.get("engine_version") or ""
+        version = data.get("engine_version") or data["engine"]
+        engine = ENGINE_NAMES.get(data["engine"], "{version}").format(version=version.replace("vllm ", ""))
         measured = data.get("status", "measured") == "measured"
         run = {
             "engine": data["engine"],
-            "engine_label": f"{engine} ({version})" if version else engine,
+            "engine_label": engine,
             # a run that could not start names the device it asked for, not the machine that lacked it
             "hardware": hw.get("label", "unknown hardware") if measured else str(data.get("device", "?")),
             "model": Path(str(data["model"])).stem if str(data["model"]).endswith(".json") else data["model"],
@@ -132,6 +133,16 @@ def _not_measured(ax, sub: pd.DataFrame, title: str) -> bool:
     return True
 
 
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _colors(sub: pd.DataFrame) -> dict:
+    """One colour per variant, the same in every panel of a source."""
+    return {v: COLORS[i % len(COLORS)] for i, v in enumerate(dict.fromkeys(sub["variant"]))}
+
+
 def _short(source: str) -> str:
     return source.replace(" · ", "\n")
 
@@ -149,6 +160,7 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             bottom.axis("off")
             continue
         ok = sub[sub["status"] == "measured"]
+        colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("input_len")
             err = None
@@ -156,12 +168,16 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
                 err = [(g["throughput_tok_s"] - g["throughput_q1_tok_s"]).clip(lower=0),
                        (g["throughput_q3_tok_s"] - g["throughput_tok_s"]).clip(lower=0)]
             top.errorbar(g["input_len"], g["throughput_tok_s"], yerr=err, marker="o", capsize=3,
-                         label=g["label"].iloc[0])
-            if g["variant"].iloc[0] != "base":
-                line = bottom.plot(g["input_len"], g["speedup"], marker="o", label=f"{g['label'].iloc[0]} measured")
+                         label=g["label"].iloc[0], color=colors[variant])
+            if variant != "base":
+                bottom.plot(g["input_len"], g["speedup"], marker="o", color=colors[variant],
+                            label=f"{g['label'].iloc[0]} measured")
                 if g["predicted_speedup"].notna().any():
-                    bottom.plot(g["input_len"], g["predicted_speedup"], ls="--", color=line[0].get_color(),
+                    bottom.plot(g["input_len"], g["predicted_speedup"], ls="--", color=colors[variant],
                                 label=f"{g['label'].iloc[0]} predicted (FLOPs)")
+        if not (ok["variant"] != "base").any():
+            bottom.text(0.5, 0.5, "only the base model is served\nby this engine here", ha="center", va="center",
+                        fontsize=8, transform=bottom.transAxes)
         skipped = sub[sub["status"] != "measured"]["label"].dropna().unique()
         title = _short(source) + (f"\n({', '.join(skipped)}: {NOT_MEASURED})" if len(skipped) else "")
         top.set_title(title, fontsize=8)
@@ -172,7 +188,8 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
         bottom.axhline(1.0, color="grey", lw=0.5)
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
-            ax.legend(fontsize=7)
+            _legend(ax)
+        bottom.set_xlim(top.get_xlim())
     for j, model in enumerate(models):
         col = len(sources) + j
         p = paper[paper["model"] == model]
@@ -191,7 +208,7 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
         bottom.axhline(1.0, color="grey", lw=0.5)
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
-            ax.legend(fontsize=7)
+            _legend(ax)
     fig.suptitle("Fig. 3: combined (input + output) throughput vs input length — measured here beside the paper")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -209,17 +226,20 @@ def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             bottom.axis("off")
             continue
         ok = sub[sub["status"] == "measured"]
+        colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("request_rate")
-            top.plot(g["request_rate"], g["median_ttft_ms"] / 1e3, marker="o", label=g["label"].iloc[0])
-            bottom.plot(g["request_rate"], g["median_tpot_ms"], marker="o", label=g["label"].iloc[0])
+            top.plot(g["request_rate"], g["median_ttft_ms"] / 1e3, marker="o", label=g["label"].iloc[0],
+                     color=colors[variant])
+            bottom.plot(g["request_rate"], g["median_tpot_ms"], marker="o", label=g["label"].iloc[0],
+                        color=colors[variant])
         lens = ok[["input_len", "output_len"]].drop_duplicates().astype(int).values.tolist()
         top.set_title(_short(source) + "".join(f"\n{i} in / {o} out" for i, o in lens), fontsize=8)
         top.set_ylabel("median TTFT (s)")
         bottom.set_ylabel("median TPOT (ms)")
         bottom.set_xlabel("request rate (requests/s, Poisson)")
         for ax in (top, bottom):
-            ax.legend(fontsize=7)
+            _legend(ax)
     top, bottom = axes[0, -1], axes[1, -1]
     for ax, metric, unit in ((top, "ttft", "s"), (bottom, "tpot", "ms")):
         p = paper[paper["metric"] == metric].copy()

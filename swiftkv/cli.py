@@ -122,6 +122,7 @@ def cmd_bench_serve(args) -> None:
             print(f"{row['variant']:>24} {where}  TTFT {row['median_ttft_ms']:.0f} ms  TPOT {row['median_tpot_ms']:.1f} ms")
         elif row.get("throughput_tok_s"):
             speed = f"  speedup {row['speedup']:.2f}x" if row.get("speedup") else ""
+            speed += f" (paired {row['paired_speedup']:.2f}x)" if row.get("paired_speedup") else ""
             pred = f" (predicted {row['predicted_speedup']:.2f}x)" if row.get("predicted_speedup") else ""
             print(f"{row['variant']:>24} {where}  {row['throughput_tok_s']:.1f} tok/s{speed}{pred}")
         else:

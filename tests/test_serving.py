@@ -125,7 +125,7 @@ def test_hf_throughput_rows_and_real_cache_saving():
         assert len(r["elapsed_times_s"]) == 2 and r["throughput_tok_s"] > 0
         assert r["prefill_s"] + r["decode_s"] <= r["elapsed_s"] * 1.001
     base, swift, across = rows[3:]
-    assert base["speedup"] == 1.0
+    assert base["speedup"] == 1.0 and base["paired_speedup"] == 1.0 and swift["paired_speedup"] > 0
     # the memory pass keeps generate's cache: batch of 2, 20 + 5 - 1 cached positions, L=6 -> l + (L-l)/g layers
     cfg = engine.base.config
     for r, g in ((base, None), (swift, 1), (across, 3)):

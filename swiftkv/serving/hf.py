@@ -151,9 +151,14 @@ class HFEngine:
         return predicted_speedup(self.base.config, lengths, spec.num_key_value_layers, spec.key_value_group_size)
 
     def _rows_with_speedup(self, rows: list[dict], key: str = "throughput_tok_s") -> list[dict]:
+        """``speedup``: ratio of medians; ``paired_speedup``: median over rounds of the same round's ratio (each
+        round runs every variant back to back, so this one cancels slow drifts of a shared machine)."""
         ref = next((r for r in rows if r["variant"] == self.reference), None)
         for r in rows:
             r["speedup"] = r[key] / ref[key] if ref and r.get(key) and ref.get(key) else None
+            if r["speedup"] is not None and "elapsed_times_s" in r:
+                pairs = zip(ref["elapsed_times_s"], r["elapsed_times_s"])
+                r["paired_speedup"] = statistics.median(b / t for b, t in pairs)
         return rows
 
     def _timed_rounds(self, plans: dict[str, list[tuple[torch.Tensor, int]]], desc: str) -> dict[str, list[Timing]]:
@@ -238,7 +243,8 @@ class HFEngine:
                                   "status": "does_not_fit", "throughput_tok_s": None,
                                   "reason": f"one request needs {per_request[name] / 2**20:.1f} MiB of KV cache"})
                     continue
-                row = {**base, "batch_size": fits[name], **self._throughput_row(name, rounds[name], tokens)}
+                row = {**base, "batch_size": fits[name], **self._throughput_row(name, rounds[name], tokens),
+                       "predicted_speedup": self._predicted(self.specs[name], [(input_len, output_len)] * num_requests)}
                 jobs.append((row, name, plans[name][0][0], output_len))
                 point.append(row)
             rows += self._rows_with_speedup(point)

@@ -40,7 +40,7 @@ def variant_row(model, variant):
 def swiftkv_fields(model, variant):
     """l, g and label of a variants.tsv row (a base row has no l)."""
     row = variant_row(model, variant)
-    fields = {"label": row["label"]}
+    fields = {"label": "Base" if variant == "base" else row["label"]}
     if variant != "base":
         fields["num_key_value_layers"] = int(row["num_key_value_layers"])
         fields["key_value_group_size"] = int(row["key_value_group_size"])
