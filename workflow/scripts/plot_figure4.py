@@ -1,0 +1,9 @@
+"""Rule plot_figure4: serving latency JSONs -> reports/figure4_latency.png (paper numbers beside)."""
+import logging
+
+from analysis.serving import figure4, load_results, paper_table
+
+logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
+measured = load_results(snakemake.input)
+figure4(measured, paper_table("figure4_latency.csv"), snakemake.output[0])
+logging.info("figure 4 from %d rows of %s", len(measured), list(snakemake.input))
