@@ -38,8 +38,15 @@ def config_hash():
 # --- distillation (issue 4): the variants sheet, validated --------------------------------------------------------
 
 
+def repo_file(path):
+    """A relative path from the profile: in the working directory if there, else in the repository."""
+    path = Path(path)
+    return path if path.is_absolute() or path.exists() else Path(workflow.basedir) / path
+
+
 def load_variants(path):
     """config/variants.tsv as a DataFrame, schema-validated, with the checks a row schema cannot make."""
+    path = repo_file(path)
     sheet = pd.read_csv(
         path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]}
     )

@@ -5,7 +5,7 @@
 import csv
 
 EVAL = config["eval"]
-VARIANTS_SHEET = config.get("distill", {}).get("variants", "config/variants.tsv")
+VARIANTS_SHEET = str(repo_file(config.get("distill", {}).get("variants", "config/variants.tsv")))
 BIGBENCH_SDIST = "resources/bigbench/bigbench-1.0.0.tar.gz"
 
 
