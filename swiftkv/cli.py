@@ -94,13 +94,15 @@ def cmd_bench_prefill(args) -> None:
 
     from swiftkv.bench import PrefillBench, bench_prefill
     from swiftkv.io import write_json
-    from swiftkv.serving.models import load_bench_model
+    from swiftkv.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
     args.device = _resolve_device(args.device)
     dtype = _resolve_dtype(args.dtype, args.device)
-    if args.random_weights:  # timing only: a config is enough, no weights or hub needed
+    from swiftkv.serving.models import is_config_file
+
+    if args.random_weights or is_config_file(args.model):  # timing only: a config is enough, no weights or hub
         from transformers import AutoModelForCausalLM
 
         from swiftkv.flops import load_config
@@ -111,7 +113,6 @@ def cmd_bench_prefill(args) -> None:
     else:
         model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
     model.to(args.device)
-    model, _ = load_bench_model(args.model, dtype, args.device, args.resources)
     settings = PrefillBench(
         lengths=args.lengths,
         fractions=args.fractions,
@@ -263,6 +264,36 @@ def cmd_bench_distill(args) -> None:
 
     from swiftkv.bench import DistillBench, bench_distill
     from swiftkv.data import collate_packs, load_conversations, pack_conversations, split_conversations
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = _resolve_dtype(args.dtype, args.device)
+    if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from swiftkv.bench import random_packed_batches
+
+        config = AutoConfig.from_pretrained(args.model)
+        torch.manual_seed(args.seed)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        batches = random_packed_batches(config.vocab_size, args.max_length, args.batches, args.seed, args.device)
+    else:
+        model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
+        model.to(args.device)
+        train_convs, _ = split_conversations(load_conversations(args.data)[0])
+        packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
+        batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
+                   for p in packs[: args.batches]]
+    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
+    result = bench_distill(model, batches, settings)
+    result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
+    write_json(args.output, result)
+    for row in result["results"]:
+        print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
+              f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
 # -- evaluation (issue 5) ------------------------------------------------------------------------------------------
 
 
@@ -333,31 +364,6 @@ def cmd_eval(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = _resolve_dtype(args.dtype, args.device)
-    if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from swiftkv.bench import random_packed_batches
-
-        config = AutoConfig.from_pretrained(args.model)
-        torch.manual_seed(args.seed)
-        with torch.device(args.device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-        batches = random_packed_batches(config.vocab_size, args.max_length, args.batches, args.seed, args.device)
-    else:
-        model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
-        model.to(args.device)
-        train_convs, _ = split_conversations(load_conversations(args.data)[0])
-        packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
-        batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
-                   for p in packs[: args.batches]]
-    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
-    result = bench_distill(model, batches, settings)
-    result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
-    write_json(args.output, result)
-    for row in result["results"]:
-        print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
-              f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
     tasks, include = [], list(args.include_path or [])
     if args.tasks_json:
         spec = json.loads(Path(args.tasks_json).read_text())
