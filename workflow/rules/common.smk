@@ -120,7 +120,7 @@ def variant_check(wildcards):
         raise ValueError(f"{key[0]}/{key[1]} is not in {config['distill']['variants']}")
     if wildcards.variant == "base":
         raise ValueError("the base model is not distilled: evaluation reads it directly")
-    return config["distill"]["variants"]
+    return str(repo_file(config["distill"]["variants"]))
 
 
 def bench_distill_args(wildcards):
