@@ -217,20 +217,3 @@ rule make_table:
         bootstrap=EVAL["bootstrap"],
     script:
         "../scripts/make_table.py"
-
-
-# TEMPORARY (issue 5 until the distillation stage is merged): untrained SwiftKV checkpoints at the contract path,
-# so that the tables build on this branch. Defined only when rule distill_swiftkv (issue 4) does not exist.
-if "distill_swiftkv" not in {r.name for r in workflow.rules}:
-
-    rule convert_untrained_checkpoint:
-        input:
-            model_input,
-        output:
-            directory("results/checkpoints/{model}/{variant}"),
-        log:
-            "logs/convert_untrained_checkpoint/{model}/{variant}.log",
-        params:
-            sheet=VARIANTS_SHEET,
-        script:
-            "../scripts/convert_untrained_checkpoint.py"

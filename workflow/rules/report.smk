@@ -1,1 +1,43 @@
-# Rules of the report stage (see the Snakefile index).
+# Rules of the report stage (see the Snakefile index): one self-contained page, reports/report.html, that sets
+# every table and figure of the profile beside the paper's numbers, with a verdict per claim and provenance.
+
+REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions are the snakemake --report captions
+    ("Figure 2 (left): SimScore by depth", "reports/figure2_simscore.png", "figure2_simscore.rst"),
+    ("SimScore 0.5 crossings", "reports/simscore_crossings.csv", "simscore_crossings.rst"),
+    ("Figure 2 (right): prefill forward time", "reports/figure2_forward_time.png", "figure2_forward_time.rst"),
+    ("Table 1: prefill FLOPs", "reports/table1.csv", "table1.rst"),
+    ("KV-cache memory", "reports/table_kv_memory.csv", "table_kv_memory.rst"),
+    ("Distillation curve", "reports/figure_distill_curve.png", "figure_distill_curve.rst"),
+    ("Table 2: accuracy", "reports/table2.csv", "accuracy_table.rst"),
+    ("Table 4a: distillation loss", "reports/table4a.csv", "accuracy_table.rst"),
+    ("Table 4b: partial vs full training", "reports/table4b.csv", "accuracy_table.rst"),
+    ("Table B.1: FP8 KV cache", "reports/tableB1.csv", "accuracy_table.rst"),
+    ("Table B.2: MQA vs AcrossKV", "reports/tableB2.csv", "accuracy_table.rst"),
+    ("Figure 3: throughput vs input length", "reports/figure3_throughput.png", "figure3_throughput.rst"),
+    ("Figure 4: latency vs request rate", "reports/figure4_latency.png", "figure4_latency.rst"),
+    ("Table 3: throughput under KV-cache limits", "reports/table3.csv", "table3.rst"),
+    ("Table A.3: ShareGPT input/output ratios", "reports/tableA3.csv", "tableA3.rst"),
+]
+
+
+def report_sections():
+    return [(title, path, str(Path(workflow.basedir) / "workflow" / "report" / caption))
+            for title, path, caption in REPORT_SECTIONS]
+
+
+rule render_report:
+    input:
+        **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
+        prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
+        serve=serve_results("throughput"),
+    output:
+        report("reports/report.html", caption="../report/report.rst", category="Report"),
+    log:
+        "logs/render_report.log",
+    params:
+        title="SwiftKV reproduced: the paper's tables and figures beside this run's",
+        sections=report_sections(),
+        profile=", ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+        config_hash=config_hash(),
+    script:
+        "../scripts/render_report.py"

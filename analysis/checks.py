@@ -1,0 +1,96 @@
+"""Check a built ``reports/`` directory: every expected artifact exists, images decode, CSVs have their columns.
+
+    python -m analysis.checks [REPORTS_DIR]      (exit 1 and one line per problem if anything is wrong)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+_ACCURACY = ["model", "variant", "kv_cache", "label", "skip_fraction", "average", "average_lo", "average_hi"]
+_SERVE = ["source", "engine", "hardware", "model", "variant", "label", "throughput_tok_s", "speedup",
+          "predicted_speedup", "status"]
+EXPECTED_COLUMNS = {
+    "table1.csv": ["model", "setting", "num_key_value_layers", "key_value_group_size", "context_length", "vocab",
+                   "kv_proj", "qo_proj", "mlp", "attention", "total", "prefill_reduction", "paper_total"],
+    "table_kv_memory.csv": ["model", "num_key_value_layers", "key_value_group_size", "kv_cache_bytes_per_token",
+                            "kv_cache_reduction", "kv_cache_reduction_fp8", "paper_kv_cache_reduction"],
+    "simscore_crossings.csv": ["model", "metric", "num_layers", "crossing_layer", "crossing_depth",
+                               "simscore_at_half", "ci_low_at_half", "ci_high_at_half"],
+    "table2.csv": _ACCURACY + ["delta_base", "delta_base_lo", "delta_base_hi", "kl", "kl_lo", "kl_hi"],
+    "table4a.csv": _ACCURACY + ["delta_ref", "delta_ref_lo", "delta_ref_hi"],
+    "table4b.csv": _ACCURACY + ["delta_ref", "delta_ref_lo", "delta_ref_hi"],
+    "tableB1.csv": _ACCURACY + ["delta_ref", "delta_ref_lo", "delta_ref_hi", "kv_reduction"],
+    "tableB2.csv": _ACCURACY + ["delta_ref", "delta_ref_lo", "delta_ref_hi"],
+    "table3.csv": _SERVE + ["kv_limit", "kv_cache_bytes"],
+    "tableA3.csv": _SERVE + ["min_ratio", "mean_ratio"],
+}
+FIGURES = ["figure2_simscore.png", "figure2_forward_time.png", "figure_distill_curve.png", "figure3_throughput.png",
+           "figure4_latency.png"]
+
+
+def check_image(path: Path) -> str | None:
+    import matplotlib.image
+
+    try:
+        pixels = matplotlib.image.imread(path)
+    except Exception as err:  # any decoder failure is the finding
+        return f"{path}: does not open as an image ({err})"
+    if pixels.shape[0] < 200 or pixels.shape[1] < 200:
+        return f"{path}: only {pixels.shape[1]}x{pixels.shape[0]} pixels"
+    if float(pixels.std()) == 0.0:
+        return f"{path}: a blank image"
+    return None
+
+
+def check_csv(path: Path, columns: list[str]) -> str | None:
+    try:
+        df = pd.read_csv(path)
+    except Exception as err:
+        return f"{path}: does not parse as CSV ({err})"
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        return f"{path}: missing columns {missing}"
+    if df.empty:
+        return f"{path}: no rows"
+    return None
+
+
+def check_reports(directory: str | Path, report: bool = True) -> list[str]:
+    """Problems found (empty when all is well)."""
+    directory = Path(directory)
+    problems = []
+    for name in FIGURES:
+        path = directory / name
+        problems.append(check_image(path) if path.is_file() else f"{path}: missing")
+    for name, columns in EXPECTED_COLUMNS.items():
+        path = directory / name
+        problems.append(check_csv(path, columns) if path.is_file() else f"{path}: missing")
+        md = path.with_suffix(".md")
+        if name.startswith("table") and name not in ("table3.csv", "tableA3.csv") and not md.is_file():
+            problems.append(f"{md}: missing")
+    if report:
+        page = directory / "report.html"
+        if not page.is_file():
+            problems.append(f"{page}: missing")
+        elif "data:image/png;base64," not in page.read_text():
+            problems.append(f"{page}: no embedded figure")
+    return [p for p in problems if p]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    directory = Path(argv[0] if argv else "reports")
+    problems = check_reports(directory)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    print(f"{directory}: {len(FIGURES)} figures, {len(EXPECTED_COLUMNS)} tables, report.html: "
+          + ("all present and well-formed" if not problems else f"{len(problems)} problem(s)"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

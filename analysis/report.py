@@ -1,0 +1,394 @@
+"""The report page: every table and figure of a run beside the paper's numbers, a verdict per claim, provenance.
+
+``claims(...)`` turns the run's artifacts into one verdict per claim of the paper; ``render_html(...)`` writes one
+self-contained HTML file (figures embedded as data URIs, tables inline, no external requests).
+
+A verdict is one of:
+
+- ``holds`` / ``does not hold``: the 95% interval (or, for deterministic quantities, the exact value) decides;
+- ``cannot tell``: the interval includes both outcomes at this sample size;
+- ``not measured here``: the artifact is absent from this profile (e.g. vLLM on GPUs, the paper's models).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+HOLDS, FAILS, UNCLEAR, ABSENT = "holds", "does not hold", "cannot tell", "not measured here"
+
+
+@dataclass
+class Claim:
+    claim: str
+    paper: str
+    measured: str
+    verdict: str
+    evidence: str
+
+
+def _num(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return value
+
+
+def _ci(row, name: str, digits: int = 1, unit: str = "") -> str:
+    v, lo, hi = _num(row.get(name)), _num(row.get(f"{name}_lo")), _num(row.get(f"{name}_hi"))
+    if math.isnan(v):
+        return "n/a"
+    text = f"{v:+.{digits}f}{unit}" if name.startswith("delta") else f"{v:.{digits}f}{unit}"
+    return text + (f" [{lo:.{digits}f}, {hi:.{digits}f}]" if not math.isnan(lo) else "")
+
+
+def _sign(row, name: str) -> int:
+    """+1 / -1 when the 95% interval of ``name`` lies above / below 0, else 0 (NaN: 0)."""
+    lo, hi = _num(row.get(f"{name}_lo")), _num(row.get(f"{name}_hi"))
+    return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def _read(path) -> pd.DataFrame | None:
+    return pd.read_csv(path) if path and Path(path).is_file() else None
+
+
+def _absent(claim: str, paper: str, evidence: str) -> Claim:
+    return Claim(claim, paper, "—", ABSENT, evidence)
+
+
+# -- deterministic claims ------------------------------------------------------------------------------------------
+
+
+def claim_table1(path) -> Claim:
+    name = "Prefill FLOPs per token fall as (L-l)/L of the layer work (Table 1)"
+    paper = "Llama-3.1-70B: 302 → 228 → 154 → 153 GFLOPs (base, 25%, 50%, 50% + 4-way AcrossKV)"
+    t = _read(path)
+    if t is None:
+        return _absent(name, paper, "reports/table1.csv")
+    t = t[t["paper_total"].notna()]
+    if t.empty:
+        return Claim(name, paper, "no row of the paper's model in this profile", ABSENT, "reports/table1.csv")
+    ours = " → ".join(f"{v:.0f}" for v in t["total"])
+    err = (t["total"] - t["paper_total"]).abs().max()
+    return Claim(name, paper, f"{t['model'].iloc[0]}: {ours} GFLOPs (largest difference {err:.2f})",
+                 HOLDS if err < 1.0 else FAILS, "reports/table1.csv")
+
+
+def claim_kv_memory(path) -> Claim:
+    name = "AcrossKV shrinks the KV cache (Llama-3.1-8B at 50%: 2/4/8/16-way)"
+    paper = "25 / 37.5 / 43.75 / 46.875 % saved; 62.5 / 68.75 / 71.875 / 73.4 % with FP8"
+    t = _read(path)
+    if t is None:
+        return _absent(name, paper, "reports/table_kv_memory.csv")
+    t = t[t["paper_kv_cache_reduction"].notna()]
+    if t.empty:
+        return Claim(name, paper, "no row of the paper's model in this profile", ABSENT, "reports/table_kv_memory.csv")
+    ours = " / ".join(f"{v:g}" for v in t["kv_cache_reduction"].round(3))
+    fp8 = " / ".join(f"{v:g}" for v in t["kv_cache_reduction_fp8"].round(3))
+    err = max((t["kv_cache_reduction"] - t["paper_kv_cache_reduction"]).abs().max(),
+              (t["kv_cache_reduction_fp8"] - t["paper_kv_cache_reduction_fp8"]).abs().max())
+    return Claim(name, paper, f"{ours} %; with FP8 {fp8} %", HOLDS if err < 0.1 else FAILS,
+                 "reports/table_kv_memory.csv")
+
+
+# -- measured claims -----------------------------------------------------------------------------------------------
+
+
+def claim_simscore(path) -> Claim:
+    name = "Later layers' inputs are similar: SimScore ≥ 0.5 from about half depth (Fig. 2)"
+    paper = "SimScore crosses 0.5 near L/2 for all six models"
+    t = _read(path)
+    if t is None:
+        return _absent(name, paper, "reports/simscore_crossings.csv")
+    t = t[t["metric"] == "cosine"] if "cosine" in set(t["metric"]) else t
+    parts, verdicts = [], []
+    for r in t.to_dict("records"):
+        depth = _num(r["crossing_depth"])
+        parts.append(f"{r['model']}: ≥ 0.5 from layer {r['crossing_layer']}/{r['num_layers']}, "
+                     f"{r['simscore_at_half']:.2f} [{r['ci_low_at_half']:.2f}, {r['ci_high_at_half']:.2f}] at L/2")
+        if _num(r["ci_low_at_half"]) >= 0.5 and depth <= 0.5:
+            verdicts.append(HOLDS)
+        elif _num(r["ci_high_at_half"]) < 0.5:
+            verdicts.append(FAILS)
+        else:
+            verdicts.append(UNCLEAR)
+    verdict = verdicts[0] if len(set(verdicts)) == 1 else UNCLEAR
+    return Claim(name, paper, "; ".join(parts), verdict, "reports/figure2_simscore.png, reports/simscore_crossings.csv")
+
+
+def claim_prefill_time(df: pd.DataFrame | None) -> Claim:
+    name = "Skipping half the layers for prompt tokens cuts prefill time about in half (Fig. 2 right)"
+    paper = "forward time falls with the prompt tokens' skipped layers, as the FLOPs do"
+    if df is None or df.empty:
+        return _absent(name, paper, "reports/figure2_forward_time.png")
+    parts, ok = [], []
+    for model, g in df.groupby("model", sort=False):
+        L = int(g["num_hidden_layers"].iloc[0])
+        half = g[g["num_key_value_layers"] == L // 2]
+        if half.empty:
+            continue
+        r = half.sort_values("prefill_tokens").iloc[-1]
+        base = g[(g["variant"] == "base") & (g["prefill_tokens"] == r["prefill_tokens"])].iloc[0]
+        ratio, worst = r["median_s"] / base["median_s"], r["q3_s"] / base["q1_s"]
+        parts.append(f"{model}, {int(r['prefill_tokens'])} tokens, l={L // 2}: time ratio {ratio:.2f} "
+                     f"(worst quartile pair {worst:.2f}) vs {r.get('predicted_ratio', math.nan):.2f} from FLOPs, "
+                     f"{base['median_s'] / r['median_s']:.2f}× faster")
+        ok.append(HOLDS if worst <= 1.1 * r.get("predicted_ratio", 0.5) else UNCLEAR if ratio < 0.8 else FAILS)
+    if not parts:
+        return _absent(name, paper, "reports/figure2_forward_time.png")
+    verdict = ok[0] if len(set(ok)) == 1 else UNCLEAR
+    return Claim(name, paper, "; ".join(parts) + " (holds: measured within 10% of the FLOPs ratio)", verdict,
+                 "reports/figure2_forward_time.png")
+
+
+def _row(t: pd.DataFrame, variant: str, kv_cache: str = "native"):
+    hit = t[(t["variant"] == variant) & (t["kv_cache"] == kv_cache)]
+    return hit.iloc[0].to_dict() if len(hit) else None
+
+
+def _pairwise(name: str, paper: str, path, variant: str, better_is_ref: bool, evidence: str,
+              kv_cache: str = "native") -> Claim:
+    """A claim "the reference row beats ``variant``" decided by ``delta_ref`` (variant minus reference, accuracy
+    points, paired bootstrap), with teacher-fidelity KL as the second measure."""
+    t = _read(path)
+    row = None if t is None else _row(t, variant, kv_cache)
+    if row is None or "delta_ref" not in row or math.isnan(_num(row.get("delta_ref"))):
+        return _absent(name, paper, evidence)
+    ref = str(row.get("delta_ref_row", "reference")).replace(" (native KV)", "")
+    text = f"{row['label']} − {ref}: {_ci(row, 'delta_ref', unit=' points')} average accuracy"
+    sign = _sign(row, "delta_ref")
+    verdict = UNCLEAR if sign == 0 else (HOLDS if (sign < 0) == better_is_ref else FAILS)
+    ref_row = _row(t, ref.split(" (")[0])
+    if ref_row and not math.isnan(_num(row.get("kl"))) and not math.isnan(_num(ref_row.get("kl"))):
+        text += f"; KL to teacher {_ci(row, 'kl', 3)} vs {_ci(ref_row, 'kl', 3)} nats/token"
+        if verdict == UNCLEAR:
+            kl_sign = (1 if _num(row["kl_lo"]) > _num(ref_row["kl_hi"]) else
+                       -1 if _num(row["kl_hi"]) < _num(ref_row["kl_lo"]) else 0)
+            if kl_sign:
+                holds = (kl_sign > 0) == better_is_ref
+                verdict = f"{HOLDS if holds else FAILS} on teacher fidelity; accuracy {UNCLEAR}"
+    return Claim(name, paper, text, verdict, evidence)
+
+
+def claim_degradation(path) -> Claim:
+    name = "Quality degrades as more layers are skipped (Table 2)"
+    paper = "Llama-3.1-8B average 79.2 (base) → 78.7 (25%) → 76.8 (50%) → 74.9 (62.5%)"
+    t = _read(path)
+    if t is None:
+        return _absent(name, paper, "reports/table2.csv")
+    t = t[(t["kv_cache"] == "native") & ~t["variant"].str.contains("acrosskv") & (t["variant"] != "base")]
+    t = t.sort_values("skip_fraction")
+    if len(t) < 2:
+        return _absent(name, paper, "reports/table2.csv")
+    first, last = t.iloc[0].to_dict(), t.iloc[-1].to_dict()
+    acc = ", ".join(f"{r['skip_fraction']:.1%}: {_ci(r, 'delta_base', unit='')}" for r in t.to_dict("records"))
+    kl = ", ".join(f"{_ci(r, 'kl', 3)}" for r in t.to_dict("records"))
+    text = f"Δ accuracy vs base (points) {acc}; KL to teacher {kl} nats/token"
+    if _num(last.get("kl_lo")) > _num(first.get("kl_hi")) and _num(last["delta_base"]) <= _num(first["delta_base"]):
+        verdict = HOLDS if _sign(last, "delta_base") < 0 else f"{HOLDS} on teacher fidelity; accuracy {UNCLEAR}"
+    elif _num(last.get("kl_hi")) < _num(first.get("kl_lo")):
+        verdict = FAILS
+    else:
+        verdict = UNCLEAR
+    return Claim(name, paper, text, verdict, "reports/table2.csv")
+
+
+def claim_fp8(path) -> Claim:
+    name = "FP8 KV-cache quantisation after training costs little accuracy (Table B.1)"
+    paper = "≤ 0.3 points average for Llama-3.1-8B SwiftKV (with and without AcrossKV)"
+    t = _read(path)
+    if t is None:
+        return _absent(name, paper, "reports/tableB1.csv")
+    rows = [r for r in t[t["kv_cache"] == "fp8"].to_dict("records") if not math.isnan(_num(r.get("delta_ref")))]
+    if not rows:
+        return _absent(name, paper, "reports/tableB1.csv")
+    parts, verdicts = [], []
+    for r in rows:
+        lo, hi = _num(r["delta_ref_lo"]), _num(r["delta_ref_hi"])
+        parts.append(f"{r['label']} − native: {_ci(r, 'delta_ref', unit=' points')}")
+        verdicts.append(HOLDS if lo >= -1 and hi <= 1 else FAILS if hi < -1 else UNCLEAR)
+    verdict = verdicts[0] if len(set(verdicts)) == 1 else UNCLEAR
+    return Claim(name, paper, "; ".join(parts) + " (holds: the interval lies within ±1 point)", verdict,
+                 "reports/tableB1.csv")
+
+
+def claim_throughput(serve: pd.DataFrame | None) -> Claim:
+    name = "SwiftKV at 50% raises prefill-heavy serving throughput (Fig. 3)"
+    paper = "up to 2× combined throughput (Llama-3.1-8B, vLLM, long inputs)"
+    if serve is None or serve.empty:
+        return _absent(name, paper, "reports/figure3_throughput.png")
+    t = serve[(serve["study"] == "throughput") & (serve["status"] == "measured") & (serve["variant"] == "swiftkv-50")]
+    if t.empty:
+        return _absent(name, paper, "reports/figure3_throughput.png")
+    parts, verdicts = [], []
+    for (engine, hw), g in t.groupby(["engine_label", "hardware"], sort=False):
+        r = g.sort_values("input_len").iloc[-1]
+        paired = _num(r.get("paired_speedup"))
+        parts.append(f"{engine} on {hw}: {r['speedup']:.2f}× at {int(r['input_len'])} in / {int(r['output_len'])} out"
+                     + (f" (paired {paired:.2f}×)" if not math.isnan(paired) else "")
+                     + (f", FLOPs predict {r['predicted_speedup']:.2f}×"
+                        if not math.isnan(_num(r.get("predicted_speedup"))) else ""))
+        verdicts.append(HOLDS if r["speedup"] >= 1.5 else FAILS if r["speedup"] < 1.1 else UNCLEAR)
+    verdict = HOLDS if HOLDS in verdicts else verdicts[0]
+    return Claim(name, paper, "; ".join(parts) + " (holds: ≥ 1.5× on some engine)", verdict,
+                 "reports/figure3_throughput.png")
+
+
+def claims(paths: dict, prefill: pd.DataFrame | None = None, serve: pd.DataFrame | None = None) -> list[Claim]:
+    """All claims, in the paper's order; ``paths`` maps artifact names (``table1``, ``table2``, ...) to files."""
+    p = paths.get
+    return [
+        claim_simscore(p("simscore_crossings")),
+        claim_table1(p("table1")),
+        claim_kv_memory(p("table_kv_memory")),
+        claim_prefill_time(prefill),
+        claim_degradation(p("table2")),
+        _pairwise("Distillation recovers quality (Table 4a)", "no distillation 59.9 vs KL 76.8 (Llama-3.1-8B, 50%)",
+                  p("table4a"), "swiftkv-50-nodistill", True, "reports/table4a.csv"),
+        _pairwise("KL to the teacher beats the LM loss (Table 4a)", "LM loss 74.3 vs KL 76.8",
+                  p("table4a"), "swiftkv-50-lm", True, "reports/table4a.csv"),
+        _pairwise("Training only W_QKV of later layers beats training them fully (Table 4b)",
+                  "full 75.1 vs partial 76.8", p("table4b"), "swiftkv-50-full", True, "reports/table4b.csv"),
+        _pairwise("AcrossKV beats MQA at an equal KV budget (Table B.2)", "MQA 73.5 vs AcrossKV 75.4",
+                  p("tableB2"), "swiftkv-50-mqa-1", True, "reports/tableB2.csv"),
+        claim_fp8(p("tableB1")),
+        claim_throughput(serve),
+    ]
+
+
+def claims_frame(items: list[Claim]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(c) for c in items])
+
+
+# -- HTML ----------------------------------------------------------------------------------------------------------
+
+CSS = """
+body{font:15px/1.45 system-ui,sans-serif;max-width:1200px;margin:0 auto;padding:1em 2em;color:#222}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:12.5px;margin:.6em 0;display:block;overflow-x:auto}
+th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;vertical-align:top}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+img{max-width:100%;border:1px solid #eee}.cap{color:#555;font-size:13px}
+.v-holds{background:#e6f4e6}.v-fails{background:#fbe3e3}.v-unclear{background:#fff6d6}.v-absent{background:#eee}
+table.claims td{text-align:left}nav a{margin-right:1em}code{background:#f4f4f4;padding:0 3px}
+"""
+
+
+def _verdict_class(verdict: str) -> str:
+    if verdict.startswith(FAILS):
+        return "v-fails"
+    if verdict.startswith(HOLDS):
+        return "v-holds"
+    return "v-absent" if verdict == ABSENT else "v-unclear"
+
+
+def claims_html(items: list[Claim]) -> str:
+    rows = "".join(
+        f"<tr class='{_verdict_class(c.verdict)}'><td>{html.escape(c.claim)}</td><td>{html.escape(c.paper)}</td>"
+        f"<td>{html.escape(c.measured)}</td><td><b>{html.escape(c.verdict)}</b></td><td>{html.escape(c.evidence)}</td></tr>"
+        for c in items)
+    return ("<table class='claims'><tr><th>claim of the paper</th><th>paper</th><th>measured here (95% interval)</th>"
+            f"<th>verdict</th><th>evidence</th></tr>{rows}</table>")
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text.replace("``", "`"))
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+
+
+def markdown_html(text: str) -> str:
+    """The Markdown our table writers emit (pipe tables, bold, code, paragraphs, '-' lists) as HTML."""
+    out, table, items = [], [], []
+
+    def flush():
+        if table:
+            cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table
+                     if not re.fullmatch(r"\|?[\s:|-]+\|?", line.strip())]
+            head, *body = cells
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            table.clear()
+        if items:
+            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+            items.clear()
+
+    for line in text.splitlines():
+        if line.strip().startswith("|"):
+            table.append(line)
+            continue
+        if line.strip().startswith("- "):
+            items.append(line.strip()[2:])
+            continue
+        flush()
+        if line.strip():
+            out.append(f"<p>{_inline(line.strip())}</p>")
+    flush()
+    return "\n".join(out)
+
+
+def csv_html(path, max_rows: int = 200) -> str:
+    df = pd.read_csv(path)
+    return df.head(max_rows).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", border=0)
+
+
+def image_html(path, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
+
+
+def _anchor(title: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+@dataclass
+class Section:
+    """One artifact: a figure (PNG), a table (Markdown preferred, else CSV) with its caption."""
+
+    title: str
+    path: str
+    caption: str = ""
+    markdown: str | None = None
+
+    def html(self) -> str:
+        body = f"<h2 id='{_anchor(self.title)}'>{html.escape(self.title)}</h2>"
+        if self.caption:
+            body += f"<p class='cap'>{_inline(self.caption)}</p>"
+        if not Path(self.path).is_file():
+            return body + f"<p><b>{ABSENT}</b>: <code>{html.escape(self.path)}</code> is not built in this profile.</p>"
+        if self.path.endswith(".png"):
+            body += image_html(self.path, self.title)
+        elif self.markdown and Path(self.markdown).is_file():
+            body += markdown_html(Path(self.markdown).read_text())
+        else:
+            body += csv_html(self.path)
+        return body + f"<p class='cap'>source: <code>{html.escape(self.path)}</code></p>"
+
+
+def provenance_html(prov: dict) -> str:
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in prov.items())
+    return f"<table class='claims'>{rows}</table>"
+
+
+def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict) -> str:
+    nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>"
+                   for s in sections)
+    counts = pd.Series([_verdict_class(c.verdict) for c in claim_items]).value_counts().to_dict()
+    summary = (f"{counts.get('v-holds', 0)} claims hold, {counts.get('v-fails', 0)} do not, "
+               f"{counts.get('v-unclear', 0)} cannot be told apart at this sample size, "
+               f"{counts.get('v-absent', 0)} are not measured in this profile.")
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<p>{summary} Every number below is produced by the pipeline; the paper's numbers are kept as data in "
+            f"<code>analysis/paper/</code>.</p><nav>{nav}</nav>"
+            f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
+            + "".join(s.html() for s in sections)
+            + f"<h2 id='provenance'>Provenance</h2>{provenance_html(provenance)}</body></html>")

@@ -1,0 +1,58 @@
+"""Where a set of results came from: commit, profile, hardware, library versions, date (for reports/report.html)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = ("torch", "transformers", "accelerate", "lm_eval", "snakemake", "pandas", "matplotlib", "scipy")
+
+
+def git_commit(repo: str | Path = ".") -> str:
+    """HEAD of the repository, with ``+dirty`` if tracked files differ from it; ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def versions(packages=PACKAGES) -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for name in packages:
+        try:
+            out[name] = importlib.metadata.version(name.replace("_", "-"))
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: dict | None = None) -> dict:
+    """One flat dict, in the order a reader wants it."""
+    from swiftkv.serving.run import machine
+
+    hw = machine("cuda" if _cuda() else "cpu")
+    info = {
+        "date (UTC)": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "git commit": git_commit(repo),
+        "config profile": profile,
+        "config hash (sha256 of the resolved config, 12 hex)": config_hash,
+        "hardware (report host)": hw["label"],
+        "platform": hw["platform"],
+        "torch threads": hw["torch_threads"],
+    }
+    info.update({f"version: {k}": v for k, v in versions().items()})
+    info.update(extra or {})
+    return info
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

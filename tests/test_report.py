@@ -1,0 +1,115 @@
+"""The report page: verdicts from tables with known answers, Markdown tables, a self-contained page."""
+
+import re
+
+import pandas as pd
+import pytest
+
+from analysis.report import (ABSENT, FAILS, HOLDS, UNCLEAR, Section, claim_degradation, claim_fp8, claim_kv_memory,
+                             claim_table1, claims, markdown_html, render_html, _pairwise)
+
+
+def _acc_row(variant, delta, lo, hi, kl=(0.5, 0.45, 0.55), kv_cache="native", skip=0.5, ref="swiftkv-50"):
+    return {"model": "m", "variant": variant, "kv_cache": kv_cache, "label": variant, "skip_fraction": skip,
+            "delta_ref": delta, "delta_ref_lo": lo, "delta_ref_hi": hi, "delta_ref_row": f"{ref} (native KV)",
+            "delta_base": delta, "delta_base_lo": lo, "delta_base_hi": hi,
+            "kl": kl[0], "kl_lo": kl[1], "kl_hi": kl[2]}
+
+
+def test_pairwise_verdicts_follow_the_interval(tmp_path):
+    path = tmp_path / "t.csv"
+    ref = _acc_row("swiftkv-50", float("nan"), float("nan"), float("nan"))
+    cases = {(-5.0, -8.0, -2.0): HOLDS, (4.0, 1.0, 7.0): FAILS, (-1.0, -4.0, 2.0): UNCLEAR}
+    for (d, lo, hi), expected in cases.items():
+        pd.DataFrame([ref, _acc_row("swiftkv-50-lm", d, lo, hi)]).to_csv(path, index=False)
+        assert _pairwise("c", "p", path, "swiftkv-50-lm", True, "e").verdict == expected
+    # accuracy cannot tell, but the KL intervals separate: the verdict says which measure decided
+    pd.DataFrame([ref, _acc_row("swiftkv-50-lm", -1.0, -4.0, 2.0, kl=(0.9, 0.8, 1.0))]).to_csv(path, index=False)
+    verdict = _pairwise("c", "p", path, "swiftkv-50-lm", True, "e").verdict
+    assert verdict.startswith(HOLDS) and "fidelity" in verdict
+    assert _pairwise("c", "p", tmp_path / "missing.csv", "x", True, "e").verdict == ABSENT
+
+
+def test_degradation_and_fp8(tmp_path):
+    rows = [_acc_row("swiftkv-25", -1.0, -2.0, 0.5, kl=(0.2, 0.18, 0.22), skip=0.25),
+            _acc_row("swiftkv-62", -6.0, -9.0, -3.0, kl=(0.9, 0.8, 1.0), skip=0.625)]
+    pd.DataFrame(rows).to_csv(tmp_path / "t2.csv", index=False)
+    assert claim_degradation(tmp_path / "t2.csv").verdict == HOLDS
+    rows[1].update(kl=0.1, kl_lo=0.05, kl_hi=0.15)
+    pd.DataFrame(rows).to_csv(tmp_path / "t2.csv", index=False)
+    assert claim_degradation(tmp_path / "t2.csv").verdict == FAILS
+    fp8 = [_acc_row("swiftkv-50", 0.2, -0.5, 0.8, kv_cache="fp8")]
+    pd.DataFrame(fp8).to_csv(tmp_path / "b1.csv", index=False)
+    assert claim_fp8(tmp_path / "b1.csv").verdict == HOLDS
+    fp8[0].update(delta_ref_lo=-6.0, delta_ref_hi=2.0)
+    pd.DataFrame(fp8).to_csv(tmp_path / "b1.csv", index=False)
+    assert claim_fp8(tmp_path / "b1.csv").verdict == UNCLEAR
+
+
+def test_deterministic_claims_compare_with_the_paper(tmp_path):
+    t1 = pd.DataFrame({"model": ["llama-3.1-70b"] * 2 + ["tiny"], "total": [302.2, 154.4, 1.0],
+                       "paper_total": [302, 154, None]})
+    t1.to_csv(tmp_path / "t1.csv", index=False)
+    assert claim_table1(tmp_path / "t1.csv").verdict == HOLDS
+    t1.loc[1, "total"] = 170.0
+    t1.to_csv(tmp_path / "t1.csv", index=False)
+    assert claim_table1(tmp_path / "t1.csv").verdict == FAILS
+    kv = pd.DataFrame({"kv_cache_reduction": [25.0], "kv_cache_reduction_fp8": [62.5],
+                       "paper_kv_cache_reduction": [25.0], "paper_kv_cache_reduction_fp8": [62.5]})
+    kv.to_csv(tmp_path / "kv.csv", index=False)
+    assert claim_kv_memory(tmp_path / "kv.csv").verdict == HOLDS
+
+
+def test_markdown_tables_and_a_self_contained_page(tmp_path):
+    md = "**Table X**\n\n| row | acc |\n|---|---:|\n| base | 50.0 [40.0, 60.0] |\n\n- note `a`\n"
+    out = markdown_html(md)
+    assert "<th>row</th>" in out and "<td>50.0 [40.0, 60.0]</td>" in out and "<b>Table X</b>" in out
+    assert "<li>note <code>a</code></li>" in out
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "f.png")
+    pd.DataFrame({"a": [1.0], "b": ["x"]}).to_csv(tmp_path / "t.csv", index=False)
+    page = render_html("T", claims({}), [Section("Fig", str(tmp_path / "f.png"), "cap ``x``"),
+                                         Section("Tab", str(tmp_path / "t.csv")),
+                                         Section("Gone", str(tmp_path / "none.csv"))], {"git commit": "abc"})
+    assert "data:image/png;base64," in page and "<code>x</code>" in page and ABSENT in page
+    assert not re.search(r"(src|href)=['\"]https?:", page)  # nothing fetched from elsewhere
+    assert page.count("<tr class='v-absent'>") == len(claims({}))
+
+
+@pytest.mark.parametrize("profile", ["config/config.yaml", "config/ci.yaml"])
+def test_report_rule_is_in_the_dag(profile, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "reports/report.html",
+                          f"--configfile={profile}"], cwd=repo, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "render_report" in out.stdout + out.stderr
+
+
+def test_report_checks_find_what_is_wrong(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from analysis.checks import EXPECTED_COLUMNS, FIGURES, check_reports
+
+    problems = check_reports(tmp_path)
+    assert any("figure3_throughput.png: missing" in p for p in problems)
+    for name in FIGURES:
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        fig.savefig(tmp_path / name)
+        plt.close(fig)
+    for name, cols in EXPECTED_COLUMNS.items():
+        pd.DataFrame([dict.fromkeys(cols, 1)]).to_csv(tmp_path / name, index=False)
+        (tmp_path / name).with_suffix(".md").write_text("| a |\n")
+    (tmp_path / "report.html").write_text("<img src='data:image/png;base64,AAAA'>")
+    assert check_reports(tmp_path) == []
+    pd.DataFrame({"model": ["m"]}).to_csv(tmp_path / "table2.csv", index=False)
+    (tmp_path / "figure2_simscore.png").write_bytes(b"not a png")
+    problems = check_reports(tmp_path)
+    assert len(problems) == 2 and "missing columns" in " ".join(problems) and "does not open" in " ".join(problems)

