@@ -41,3 +41,17 @@ rule render_report:
         config_hash=config_hash(),
     script:
         "../scripts/render_report.py"
+
+
+# Provenance of the committed reports/ (commit, profile and its hash, hardware, versions, date); run it with
+# --forcerun write_provenance after a run whose outputs are committed.
+rule write_provenance:
+    output:
+        "reports/provenance.json",
+    log:
+        "logs/write_provenance.log",
+    params:
+        profile=", ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+        config_hash=config_hash(),
+    script:
+        "../scripts/write_provenance.py"
