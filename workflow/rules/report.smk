@@ -20,6 +20,9 @@ REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions ar
 ]
 
 
+REPORT_PROFILE = ", ".join(str(p) for p in workflow.configfiles) or "config/config.yaml"
+
+
 def report_sections():
     return [(title, path, str(Path(workflow.basedir) / "workflow" / "report" / caption))
             for title, path, caption in REPORT_SECTIONS]
@@ -37,7 +40,7 @@ rule render_report:
     params:
         title="SwiftKV reproduced: the paper's tables and figures beside this run's",
         sections=report_sections(),
-        profile=", ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+        profile=REPORT_PROFILE,
         config_hash=config_hash(),
     script:
         "../scripts/render_report.py"
@@ -51,7 +54,7 @@ rule write_provenance:
     log:
         "logs/write_provenance.log",
     params:
-        profile=", ".join(str(p) for p in workflow.configfiles) or "config/config.yaml",
+        profile=REPORT_PROFILE,
         config_hash=config_hash(),
     script:
         "../scripts/write_provenance.py"

