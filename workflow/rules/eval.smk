@@ -2,10 +2,7 @@
 # Evaluation (issue 5): an offline BIG-bench suite chosen on a selection split, held-out ShareGPT perplexity and
 # teacher fidelity for every row of config/variants.tsv that a table needs; the paper profile runs the paper's
 # lm-eval tasks instead of BIG-bench.
-import csv
-
 EVAL = config["eval"]
-VARIANTS_SHEET = str(repo_file(config.get("distill", {}).get("variants", "config/variants.tsv")))
 BIGBENCH_SDIST = "resources/bigbench/bigbench-1.0.0.tar.gz"
 
 
@@ -16,11 +13,13 @@ wildcard_constraints:
 
 
 def eval_variant_rows():
-    """Rows of the variants sheet for the models evaluated here, in sheet order."""
-    with open(VARIANTS_SHEET, newline="") as f:
-        rows = [r for r in csv.DictReader(f, delimiter="\t") if r["model"] in EVAL["models"]]
-    for r in rows:
+    """Rows of the variants sheet (common.smk's validated VARIANTS) for the models evaluated here, in sheet order, as
+    plain dicts of strings (empty where the sheet is empty) with `tables` split into a list."""
+    rows = []
+    for _, row in VARIANTS[VARIANTS.model.isin(EVAL["models"])].iterrows():
+        r = {k: "" if pd.isna(v) else str(v) for k, v in row.items()}
         r["tables"] = [t for t in r["tables"].split(",") if t]
+        rows.append(r)
     return rows
 
 
