@@ -335,9 +335,33 @@ def markdown_html(text: str) -> str:
     return "\n".join(out)
 
 
+# Columns a page reader does not need twice: `source` already names engine, hardware and model; `label` names the
+# variant. The CSV keeps them all (the page says so).
+REDUNDANT_COLUMNS = {"source": ("engine", "hardware", "model"), "label": ("variant",)}
+
+
+def display_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The columns of a results CSV worth showing on the page: without ones another column already spells out and
+    without ones empty in every row."""
+    drop = [c for key, cols in REDUNDANT_COLUMNS.items() if key in df.columns for c in cols if c in df.columns]
+    drop += [c for c in df.columns if df[c].isna().all()]
+    return df.drop(columns=list(dict.fromkeys(drop)))
+
+
 def csv_html(path, max_rows: int = 200) -> str:
     df = pd.read_csv(path)
-    return df.head(max_rows).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", border=0)
+    shown = display_frame(df)
+    table = shown.head(max_rows).to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", border=0)
+    hidden = [c for c in df.columns if c not in shown.columns]
+    if hidden:
+        table += f"<p class='cap'>not shown (in the CSV): {html.escape(', '.join(hidden))}</p>"
+    return table
+
+
+def fill_caption(text: str, path: str) -> str:
+    """A snakemake --report caption as plain text for the page: its `{{ snakemake.wildcards.table }}` placeholder (the
+    one the table captions use) becomes the artifact's name."""
+    return re.sub(r"\{\{\s*snakemake\.wildcards\.\w+\s*\}\}", Path(path).stem, text)
 
 
 def image_html(path, alt: str) -> str:

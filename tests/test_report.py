@@ -113,3 +113,19 @@ def test_report_checks_find_what_is_wrong(tmp_path):
     (tmp_path / "figure2_simscore.png").write_bytes(b"not a png")
     problems = check_reports(tmp_path)
     assert len(problems) == 2 and "missing columns" in " ".join(problems) and "does not open" in " ".join(problems)
+
+
+def test_page_tables_drop_repeated_and_empty_columns_and_fill_captions(tmp_path):
+    from analysis.report import csv_html, display_frame, fill_caption
+
+    df = pd.DataFrame({"source": ["vLLM · cpu · m"], "engine": ["vllm"], "hardware": ["cpu"], "model": ["m"],
+                       "variant": ["swiftkv-50"], "label": ["SwiftKV 50%"], "empty": [None], "speedup": [1.5]})
+    assert list(display_frame(df).columns) == ["source", "label", "speedup"]
+    assert list(display_frame(df.drop(columns=["source", "label"])).columns) == ["engine", "hardware", "model",
+                                                                                "variant", "speedup"]
+    path = tmp_path / "table3.csv"
+    df.to_csv(path, index=False)
+    page = csv_html(path)
+    assert "<th>engine</th>" not in page and "not shown (in the CSV): engine, hardware, model, variant, empty" in page
+    text = "{{ snakemake.wildcards.table }}: scores in percent"
+    assert fill_caption(text, "reports/table4a.csv") == "table4a: scores in percent"

@@ -4,7 +4,7 @@ import logging
 from pathlib import Path
 
 from analysis.io import read_prefill_time, write_text
-from analysis.report import Section, claims, render_html
+from analysis.report import Section, claims, fill_caption, render_html
 from analysis.serving import load_results
 from swiftkv.provenance import provenance
 
@@ -14,7 +14,7 @@ paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str)}
 prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
 serve = load_results(inp.serve) if inp.serve else None
 items = claims(paths, prefill, serve)
-sections = [Section(title, path, caption=Path(caption).read_text() if caption else "",
+sections = [Section(title, path, caption=fill_caption(Path(caption).read_text(), path) if caption else "",
                     markdown=path[: -len(".csv")] + ".md" if path.endswith(".csv") else None)
             for title, path, caption in params.sections]
 vllm_env = Path("results/envs/vllm-cpu.txt")
