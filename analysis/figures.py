@@ -42,8 +42,9 @@ def simscore_figure(df: pd.DataFrame, threshold: float = 0.5, subtitle: str = ""
             if l is not None:
                 y = float(g[g.layer == l].simscore.iloc[0])
                 ax.plot([l / L], [y], marker="o", ms=8, mfc="none", mec=color, mew=1.8)
-                ax.annotate(f"l={l}/{L}", (l / L, y), xytext=(4, -14 - 11 * i), textcoords="offset points",
-                            ha="left", fontsize=8, color=color, fontweight="bold")
+                # labels stacked in rows under the 0.5 line (one row per model) so that close crossings stay legible
+                ax.annotate(f"l={l}/{L}", (l / L, y), xytext=(l / L + 0.015, threshold - 0.07 * (i + 1)),
+                            textcoords="data", ha="left", va="center", fontsize=8, color=color, fontweight="bold")
         ax.axhline(threshold, color="0.3", ls="--", lw=1)
         ax.axvline(0.5, color="0.6", ls=":", lw=1)  # half depth: where the paper finds the 0.5 crossing
         ax.set_title(f"{title}\n{claim}", fontsize=8.5, loc="left")
