@@ -52,6 +52,17 @@ def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: di
     return info
 
 
+def artifact_dates(directory: str | Path, skip: tuple[str, ...] = ("provenance.json",)) -> dict[str, str]:
+    """When each file of a reports directory was last written (UTC, to the minute): committed outputs can come from
+    more than one run of the DAG, and this says which file is from when (the run's logs and benchmarks/ say more)."""
+    out = {}
+    for path in sorted(Path(directory).iterdir()):
+        if path.is_file() and path.name not in skip:
+            stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+            out[path.name] = stamp.strftime("%Y-%m-%d %H:%M")
+    return out
+
+
 def _cuda() -> bool:
     import torch
 

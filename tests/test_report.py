@@ -129,3 +129,17 @@ def test_page_tables_drop_repeated_and_empty_columns_and_fill_captions(tmp_path)
     assert "<th>engine</th>" not in page and "not shown (in the CSV): engine, hardware, model, variant, empty" in page
     text = "{{ snakemake.wildcards.table }}: scores in percent"
     assert fill_caption(text, "reports/table4a.csv") == "table4a: scores in percent"
+
+
+def test_artifact_dates_list_each_output_but_the_provenance_file(tmp_path):
+    import os
+
+    from swiftkv.provenance import artifact_dates
+
+    (tmp_path / "table2.csv").write_text("a\n1\n")
+    (tmp_path / "figure.png").write_bytes(b"x")
+    (tmp_path / "provenance.json").write_text("{}")
+    os.utime(tmp_path / "table2.csv", (0, 0))
+    dates = artifact_dates(tmp_path)
+    assert list(dates) == ["figure.png", "table2.csv"]
+    assert dates["table2.csv"] == "1970-01-01 00:00"
