@@ -81,7 +81,7 @@ def table3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Throughput under KV-cache limits: measured rows (every source), then the paper's (memory limits on H100)."""
     cols = ["source", "engine", "hardware", "model", "kv_limit", "variant", "label", "input_len", "output_len",
             "num_requests", "batch_size", "throughput_tok_s", "speedup", "predicted_speedup", "kv_cache_bytes",
-            "status"]
+            "kv_cache_tokens", "status"]
     out = []
     if not measured.empty:
         m = measured.copy()

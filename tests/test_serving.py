@@ -425,3 +425,13 @@ def test_serving_dag_dry_run(profile, tmp_path):
             assert f"results/bench/serve/{engine}/smollm2-135m/{study}.json" in text
     assert '"num_key_value_layers": 15, "key_value_group_size": 3' in text  # variants.tsv drives the hf rows
     assert "--on-unavailable mark" in text and "bin/vllm-env --check" in text
+
+
+def test_vllm_kv_capacity_is_read_from_the_engine_log(tmp_path):
+    from swiftkv.serving.vllm import kv_capacity
+
+    log = tmp_path / "run0.log"
+    log.write_text("(EngineCore pid=1) INFO 11-30 05:51:55 [kv_cache_utils.py:2327] CPU KV cache size: 6,272 tokens, "
+                   "Maximum concurrency for 512 tokens per request: 12.25x\n")
+    assert kv_capacity(log) == {"kv_cache_tokens": 6272, "kv_cache_max_concurrency": 12.25}
+    assert kv_capacity(tmp_path / "missing.log") == {"kv_cache_tokens": None, "kv_cache_max_concurrency": None}

@@ -35,6 +35,7 @@ from swiftkv.errors import SwiftKVError
 from swiftkv.serving.predict import predicted_speedup
 from swiftkv.serving.variants import VariantSpec
 from swiftkv.serving.workloads import Request, workload_stats, write_vllm_sharegpt
+from swiftkv.vllm_bench import KV_CACHE_LINE
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,13 @@ def _tail(path: Path, lines: int = 1, match: str | None = None) -> str:
     if match:
         text = [t for t in text if match in t] or text
     return " | ".join(t.strip() for t in text[-lines:])
+
+
+def kv_capacity(log: Path) -> dict:
+    """The KV-cache capacity the engine reports at start-up (``KV cache size: N tokens``), from a run's log."""
+    match = KV_CACHE_LINE.search(log.read_text(errors="replace")) if log.is_file() else None
+    return {"kv_cache_tokens": int(match.group(1).replace(",", "")) if match else None,
+            "kv_cache_max_concurrency": float(match.group(2)) if match else None}
 
 
 def free_port() -> int:
@@ -240,8 +248,10 @@ class VllmEngine:
         cmd = [*self.settings.command, "bench", "throughput", "--model", self.model_of(spec),
                *self.engine_args(spec, max_model_len, kv_bytes), *dataset_args, "--num-prompts", str(num_prompts),
                "--num-warmups", str(self.settings.warmup), "--output-json", str(out)]
-        self._run(cmd, spec, tag)
-        return json.loads(out.read_text())
+        log = self._run(cmd, spec, tag)
+        result = json.loads(out.read_text())
+        result.update(kv_capacity(log))
+        return result
 
     def _repeated(self, point: str, run) -> dict[str, list[dict] | str]:
         """``repeats`` engine runs per variant, variants interleaved; a failed variant keeps its error line."""
@@ -273,6 +283,7 @@ class VllmEngine:
                     throughput_q3_tok_s=statistics.quantiles(tput, n=4)[2] if len(tput) > 1 else tput[0],
                     elapsed_s=statistics.median(r["elapsed_time"] for r in runs),
                     engine_total_tokens=runs[0]["total_num_tokens"],
+                    kv_cache_tokens=runs[0].get("kv_cache_tokens"),  # the engine's own capacity (start-up log)
                     requests_per_second=statistics.median(r["requests_per_second"] for r in runs),
                     runs=runs,
                 )
@@ -409,8 +420,10 @@ class VllmEngine:
                "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
         if self.settings.warmup:
             cmd += ["--num-warmups", str(self.settings.warmup)]
-        self._run(cmd, spec, tag)
-        return json.loads(out.read_text())
+        log = self._run(cmd, spec, tag)
+        result = json.loads(out.read_text())
+        result.update(kv_capacity(log))
+        return result
 
 
 def settings_dict(settings: VllmSettings) -> dict:
