@@ -29,6 +29,13 @@ KV_CACHE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency
                            r"([\d.]+)x")
 
 
+def kv_capacity(log_text: str) -> dict:
+    """The KV-cache capacity an engine reports at start-up (``KV cache size: N tokens``), from its log's text."""
+    match = KV_CACHE_LINE.search(log_text)
+    return {"kv_cache_tokens": int(match.group(1).replace(",", "")) if match else None,
+            "kv_cache_max_concurrency": float(match.group(2)) if match else None}
+
+
 def vllm_python(venv: str | os.PathLike | None = None) -> Path:
     """The python of the vLLM venv: ``venv``, else $VLLM_VENV, else ./.venv-vllm; one clear line if missing."""
     root = Path(venv or os.environ.get(VLLM_VENV_ENV) or ".venv-vllm")
@@ -94,10 +101,8 @@ def run_throughput(python: Path, model_dir: str, settings: ThroughputBench, work
         last = [line for line in text.splitlines() if line.strip()][-1:] or ["(no output)"]
         raise SwiftKVError(f"vllm bench throughput failed for {model_dir} (exit {proc.returncode}): {last[0]} "
                            f"(log: {log})")
-    match = KV_CACHE_LINE.search(text)
     result = json.loads(output_json.read_text())
-    result["kv_cache_tokens"] = int(match.group(1).replace(",", "")) if match else None
-    result["kv_cache_max_concurrency"] = float(match.group(2)) if match else None
+    result.update(kv_capacity(text))
     result["log"] = str(log)
     return result
 

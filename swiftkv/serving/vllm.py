@@ -35,7 +35,7 @@ from swiftkv.errors import SwiftKVError
 from swiftkv.serving.predict import predicted_speedup
 from swiftkv.serving.variants import VariantSpec
 from swiftkv.serving.workloads import Request, workload_stats, write_vllm_sharegpt
-from swiftkv.vllm_bench import KV_CACHE_LINE
+from swiftkv.vllm_bench import kv_capacity as kv_capacity_of_text
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +128,7 @@ def _tail(path: Path, lines: int = 1, match: str | None = None) -> str:
 
 def kv_capacity(log: Path) -> dict:
     """The KV-cache capacity the engine reports at start-up (``KV cache size: N tokens``), from a run's log."""
-    match = KV_CACHE_LINE.search(log.read_text(errors="replace")) if log.is_file() else None
-    return {"kv_cache_tokens": int(match.group(1).replace(",", "")) if match else None,
-            "kv_cache_max_concurrency": float(match.group(2)) if match else None}
+    return kv_capacity_of_text(log.read_text(errors="replace") if log.is_file() else "")
 
 
 def free_port() -> int:
@@ -420,10 +418,8 @@ class VllmEngine:
                "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
         if self.settings.warmup:
             cmd += ["--num-warmups", str(self.settings.warmup)]
-        log = self._run(cmd, spec, tag)
-        result = json.loads(out.read_text())
-        result.update(kv_capacity(log))
-        return result
+        self._run(cmd, spec, tag)
+        return json.loads(out.read_text())
 
 
 def settings_dict(settings: VllmSettings) -> dict:

@@ -4,9 +4,9 @@ import sys
 
 sys.stderr = open(snakemake.log[0], "w")  # noqa: F821
 
-from swiftkv.io import write_json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from swiftkv.io import write_json  # noqa: E402
 from swiftkv.provenance import artifact_dates, provenance  # noqa: E402
 
 out = Path(snakemake.output[0])  # noqa: F821
