@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -82,8 +83,18 @@ def check_reports(directory: str | Path, report: bool = True) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    directory = Path(argv[0] if argv else "reports")
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.checks",
+        description="Check a built reports/ directory: every figure and table the DAG renders is present, images "
+                    "decode, CSVs carry their expected columns, report.html is well-formed. Exit 1 with one line "
+                    "per problem otherwise.")
+    parser.add_argument("directory", nargs="?", default="reports", type=Path,
+                        help="the reports directory to check (default: reports)")
+    directory = parser.parse_args(argv).directory
+    if not directory.is_dir():
+        print(f"error: {directory} is not a directory; pass the reports/ folder a snakemake run wrote",
+              file=sys.stderr)
+        return 1
     problems = check_reports(directory)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)

@@ -115,6 +115,15 @@ def test_report_checks_find_what_is_wrong(tmp_path):
     assert len(problems) == 2 and "missing columns" in " ".join(problems) and "does not open" in " ".join(problems)
 
 
+def test_report_checks_cli_rejects_a_missing_directory(tmp_path, capsys):
+    from analysis.checks import main
+
+    assert main([str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a directory" in err
+    assert main([str(tmp_path)]) == 1 and "figure3_throughput.png: missing" in capsys.readouterr().err
+
+
 def test_page_tables_drop_repeated_and_empty_columns_and_fill_captions(tmp_path):
     from analysis.report import csv_html, display_frame, fill_caption
 
