@@ -398,7 +398,12 @@ class Section:
 
 
 def provenance_html(prov: dict) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in prov.items())
+    def cell(v) -> str:
+        if isinstance(v, dict):  # nested (artifact dates, job times): one line per entry
+            return "<br>".join(f"{html.escape(str(k))}: {html.escape(str(x))}" for k, x in v.items())
+        return html.escape(str(v))
+
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{cell(v)}</td></tr>" for k, v in prov.items())
     return f"<table class='claims'>{rows}</table>"
 
 

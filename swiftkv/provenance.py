@@ -63,6 +63,26 @@ def artifact_dates(directory: str | Path, skip: tuple[str, ...] = ("provenance.j
     return out
 
 
+def job_times(benchmarks: str | Path) -> dict[str, float]:
+    """Wall time of the run's expensive jobs, summed per rule from Snakemake's ``benchmark:`` files
+    (``benchmarks/{rule}/.../*.tsv``, first column ``s``, last line = last repeat): how long the profile took on this
+    machine even when it was built over several invocations. Jobs without a ``benchmark:`` (tables, plots) are a
+    few seconds each and not counted."""
+    per_rule: dict[str, float] = {}
+    jobs = 0
+    root = Path(benchmarks)
+    for tsv in sorted(root.rglob("*.tsv")):
+        lines = [ln for ln in tsv.read_text().splitlines() if ln.strip()]
+        if len(lines) < 2 or not lines[0].startswith("s\t"):
+            continue
+        rule = tsv.relative_to(root).parts[0]
+        per_rule[rule] = per_rule.get(rule, 0.0) + float(lines[-1].split("\t")[0])
+        jobs += 1
+    out = {"jobs timed": jobs, "total (h)": round(sum(per_rule.values()) / 3600, 2)}
+    out.update({f"{rule} (min)": round(sec / 60, 1) for rule, sec in sorted(per_rule.items())})
+    return out
+
+
 def _cuda() -> bool:
     import torch
 

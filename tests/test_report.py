@@ -152,3 +152,21 @@ def test_artifact_dates_list_each_output_but_the_provenance_file(tmp_path):
     dates = artifact_dates(tmp_path)
     assert list(dates) == ["figure.png", "table2.csv"]
     assert dates["table2.csv"] == "1970-01-01 00:00"
+
+
+def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
+    from analysis.report import provenance_html
+    from swiftkv.provenance import job_times
+
+    header = "s\th:m:s\tmax_rss\n"
+    for rel, sec in [("distill_swiftkv/m/a.tsv", "600.0"), ("distill_swiftkv/m/b.tsv", "300.0"),
+                     ("eval_swiftkv/m/base/native.tsv", "1800.0")]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(header + f"{sec}\t0:00:00\t1\n")
+    (tmp_path / "eval_swiftkv" / "notes.tsv").write_text("x\ty\n1\t2\n")  # not a benchmark file
+    (tmp_path / "eval_swiftkv" / "empty.tsv").write_text(header)  # interrupted: no measurement line
+    times = job_times(tmp_path)
+    assert times == {"jobs timed": 3, "total (h)": 0.75, "distill_swiftkv (min)": 15.0, "eval_swiftkv (min)": 30.0}
+    assert job_times(tmp_path / "absent") == {"jobs timed": 0, "total (h)": 0.0}
+    page = provenance_html({"job wall time": times, "git commit": "abc"})
+    assert "distill_swiftkv (min): 15.0<br>eval_swiftkv (min): 30.0" in page and "<td>abc</td>" in page
