@@ -170,3 +170,27 @@ def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
     assert job_times(tmp_path / "absent") == {"jobs timed": 0, "total (h)": 0.0}
     page = provenance_html({"job wall time": times, "git commit": "abc"})
     assert "distill_swiftkv (min): 15.0<br>eval_swiftkv (min): 30.0" in page and "<td>abc</td>" in page
+
+
+def test_git_commit_is_dirty_for_code_changes_not_for_rewritten_reports(tmp_path):
+    import subprocess
+
+    from swiftkv.provenance import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "table2.csv").write_text("a\n1\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = git_commit(tmp_path)
+    assert len(head) == 40
+    (tmp_path / "reports" / "table2.csv").write_text("a\n2\n")
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == head + "+dirty"
+    assert git_commit(tmp_path / "not-a-repo") == "unknown"
