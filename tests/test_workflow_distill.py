@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("snakemake") is None, reason="snakemake not installed")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
 
 
 def dry_run(target: str, *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = ["snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]  # --configfile takes a list
+    cmd = [sys.executable, "-m", "snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]  # --configfile takes a list
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
 
 

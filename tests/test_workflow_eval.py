@@ -3,20 +3,21 @@ selection split feeds the reported task list, the paper profile runs the configu
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("snakemake") is None, reason="snakemake not installed")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
 TABLES = ["reports/table2.csv", "reports/table4a.csv", "reports/table4b.csv", "reports/tableB1.csv",
           "reports/tableB2.csv"]
 
 
 def dry_run(targets: list[str], *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = ["snakemake", *targets, "-n", "--nolock", "--forceall", *flags]
+    cmd = [sys.executable, "-m", "snakemake", *targets, "-n", "--nolock", "--forceall", *flags]
     if configfiles:
         cmd += ["--configfile", *configfiles]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
