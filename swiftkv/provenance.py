@@ -34,8 +34,9 @@ def versions(packages=PACKAGES) -> dict[str, str]:
     return out
 
 
-def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: dict | None = None) -> dict:
-    """One flat dict, in the order a reader wants it."""
+def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: dict | None = None,
+               benchmarks: str | Path = "benchmarks") -> dict:
+    """One flat dict, in the order a reader wants it; ends with the run's job wall time (``job_times(benchmarks)``)."""
     from swiftkv.serving.run import machine
 
     hw = machine("cuda" if _cuda() else "cpu")
@@ -50,6 +51,7 @@ def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: di
     }
     info.update({f"version: {k}": v for k, v in versions().items()})
     info.update(extra or {})
+    info["job wall time (benchmarks/, summed per rule)"] = job_times(benchmarks)
     return info
 
 

@@ -156,7 +156,7 @@ def test_artifact_dates_list_each_output_but_the_provenance_file(tmp_path):
 
 def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
     from analysis.report import provenance_html
-    from swiftkv.provenance import job_times
+    from swiftkv.provenance import job_times, provenance
 
     header = "s\th:m:s\tmax_rss\n"
     for rel, sec in [("distill_swiftkv/m/a.tsv", "600.0"), ("distill_swiftkv/m/b.tsv", "300.0"),
@@ -168,6 +168,9 @@ def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
     times = job_times(tmp_path)
     assert times == {"jobs timed": 3, "total (h)": 0.75, "distill_swiftkv (min)": 15.0, "eval_swiftkv (min)": 30.0}
     assert job_times(tmp_path / "absent") == {"jobs timed": 0, "total (h)": 0.0}
+    info = provenance("config/config.yaml", "abc123", extra={"x": 1}, benchmarks=tmp_path)
+    assert list(info)[-2:] == ["x", "job wall time (benchmarks/, summed per rule)"]
+    assert info["job wall time (benchmarks/, summed per rule)"] == times
     page = provenance_html({"job wall time": times, "git commit": "abc"})
     assert "distill_swiftkv (min): 15.0<br>eval_swiftkv (min): 30.0" in page and "<td>abc</td>" in page
 

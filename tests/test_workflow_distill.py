@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, r
 
 
 def dry_run(target: str, *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]  # --configfile takes a list
+    # --configfile takes a list
+    cmd = [sys.executable, "-m", "snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
 
 

