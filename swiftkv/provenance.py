@@ -47,7 +47,6 @@ def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: di
         "config hash (sha256 of the resolved config, 12 hex)": config_hash,
         "hardware (report host)": hw["label"],
         "platform": hw["platform"],
-        "torch threads": hw["torch_threads"],
     }
     info.update({f"version: {k}": v for k, v in versions().items()})
     info.update(extra or {})

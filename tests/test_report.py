@@ -5,8 +5,9 @@ import re
 import pandas as pd
 import pytest
 
-from analysis.report import (ABSENT, FAILS, HOLDS, UNCLEAR, Section, claim_degradation, claim_fp8, claim_kv_memory,
-                             claim_table1, claims, markdown_html, render_html, _pairwise)
+from analysis.report import (ABSENT, FAILS, HOLDS, UNCLEAR, Section, claim_degradation, claim_fp8, claim_kv_limit,
+                             claim_kv_memory, claim_sharegpt_ratio, claim_table1, claim_tpot, claim_ttft, claims,
+                             markdown_html, render_html, _pairwise)
 
 
 def _acc_row(variant, delta, lo, hi, kl=(0.5, 0.45, 0.55), kv_cache="native", skip=0.5, ref="swiftkv-50"):
@@ -58,6 +59,51 @@ def test_deterministic_claims_compare_with_the_paper(tmp_path):
                        "paper_kv_cache_reduction": [25.0], "paper_kv_cache_reduction_fp8": [62.5]})
     kv.to_csv(tmp_path / "kv.csv", index=False)
     assert claim_kv_memory(tmp_path / "kv.csv").verdict == HOLDS
+
+
+def _latency(ttft, tpot, p90_ttft):
+    """Latency rows of one engine: base / SwiftKV 50% medians (ms) at rates 0.1 and 0.4."""
+    rows = []
+    for i, rate in enumerate((0.1, 0.4)):
+        for variant, t, p, p90 in (("base", 1000.0, 100.0, 1100.0), ("swiftkv-50", ttft[i], tpot[i], p90_ttft)):
+            rows.append({"study": "latency", "status": "measured", "engine_label": "vLLM", "hardware": "cpu",
+                         "variant": variant, "request_rate": rate, "input_len": 512, "median_ttft_ms": t,
+                         "p90_ttft_ms": p90, "median_tpot_ms": p, "p90_tpot_ms": p * 1.05})
+    return pd.DataFrame(rows)
+
+
+def test_latency_claims_read_the_right_rate_and_need_a_clear_gap():
+    # TTFT is judged at the lowest rate (600 ms), TPOT at the rate with the largest cut (0.4: 100 → 50 ms)
+    df = _latency(ttft=(600.0, 990.0), tpot=(99.0, 50.0), p90_ttft=700.0)
+    assert claim_ttft(df).verdict == HOLDS and "1.000 → 0.600 s" in claim_ttft(df).measured
+    assert claim_tpot(df).verdict == HOLDS and "0.4 req/s" in claim_tpot(df).measured
+    # a 40% cut whose SwiftKV p90 reaches past the base median cannot tell; a 5% cut does not hold
+    assert claim_ttft(_latency((600.0, 600.0), (99.0, 99.0), p90_ttft=1200.0)).verdict == UNCLEAR
+    assert claim_ttft(_latency((950.0, 950.0), (99.0, 99.0), p90_ttft=1000.0)).verdict == FAILS
+    assert claim_tpot(_latency((600.0, 600.0), (95.0, 98.0), p90_ttft=700.0)).verdict == FAILS
+    assert claim_ttft(None).verdict == ABSENT and claim_tpot(pd.DataFrame()).verdict == ABSENT
+
+
+def test_serving_table_claims(tmp_path):
+    def t3(ratios):
+        rows = []
+        for mib, r in zip((29, 51, 186), ratios):
+            rows += [{"source": "vLLM · cpu · m", "engine": "vllm", "kv_limit": f"{mib} MiB KV cache", "variant": v,
+                      "throughput_tok_s": x, "status": "measured"}
+                     for v, x in (("base", 80.0), ("swiftkv-50", 100.0), ("swiftkv-50-acrosskv-3", 100.0 * r))]
+        return pd.DataFrame(rows)
+
+    for ratios, expected in (((1.0, 1.2, 1.0), HOLDS), ((1.0, 1.02, 1.0), FAILS), ((1.2, 1.2, 1.2), UNCLEAR)):
+        t3(ratios).to_csv(tmp_path / "t3.csv", index=False)
+        assert claim_kv_limit(tmp_path / "t3.csv").verdict == expected
+    a3 = pd.DataFrame({"source": "vLLM · cpu · m", "engine": "vllm", "variant": "swiftkv-50", "status": "measured",
+                       "mean_ratio": [150.0, 2.5, 10.0], "speedup": [1.6, 1.1, 1.3]})
+    a3.to_csv(tmp_path / "a3.csv", index=False)
+    claim = claim_sharegpt_ratio(tmp_path / "a3.csv")
+    assert claim.verdict == HOLDS and "1.10× → 1.30× → 1.60×" in claim.measured
+    a3.assign(speedup=[1.0, 1.1, 1.3]).to_csv(tmp_path / "a3.csv", index=False)
+    assert claim_sharegpt_ratio(tmp_path / "a3.csv").verdict == FAILS
+    assert claim_sharegpt_ratio(tmp_path / "none.csv").verdict == ABSENT
 
 
 def test_markdown_tables_and_a_self_contained_page(tmp_path):

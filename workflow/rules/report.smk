@@ -33,6 +33,7 @@ rule render_report:
         **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
         prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
         serve=serve_results("throughput"),
+        latency=serve_results("latency"),
     output:
         report("reports/report.html", caption="../report/report.rst", category="Report"),
     log:

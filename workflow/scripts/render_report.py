@@ -13,7 +13,8 @@ inp, params = snakemake.input, snakemake.params  # noqa: F821
 paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str)}
 prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
 serve = load_results(inp.serve) if inp.serve else None
-items = claims(paths, prefill, serve)
+latency = load_results(inp.latency) if inp.latency else None
+items = claims(paths, prefill, serve, latency)
 sections = [Section(title, path, caption=fill_caption(Path(caption).read_text(), path) if caption else "",
                     markdown=path[: -len(".csv")] + ".md" if path.endswith(".csv") else None)
             for title, path, caption in params.sections]
