@@ -304,60 +304,63 @@ def claim_tpot(latency: pd.DataFrame | None) -> Claim:
                           latency, "tpot", 1.0, "ms", "largest")
 
 
-def claim_sharegpt_ratio(path) -> Claim:
-    name = "The throughput gain grows with the input/output ratio on real prompts (Table A.3)"
-    paper = "Llama-3.1-8B on ShareGPT: 1.16× at ratio 1.5 → 1.65× at ratio 150"
+def _per_engine_claim(name: str, paper: str, path, evidence: str, judge, rule: str) -> Claim:
+    """A claim over a serving table's measured rows: ``judge(rows of one engine)`` gives ``(text, verdict)`` or None;
+    the claim's verdict is the engines' common one, else "cannot tell"."""
     t = _read(path)
     if t is None or "status" not in t:
-        return _absent(name, paper, "reports/tableA3.csv")
-    t = t[(t["status"] == "measured") & (t["variant"] == "swiftkv-50")]
-    parts, verdicts = [], []
+        return _absent(name, paper, evidence)
+    t = t[t["status"] == "measured"]
+    found = []
     for engine, g in t.groupby(_engine_name(t), sort=False):
-        g = g.sort_values("mean_ratio")
-        if len(g) < 2:
-            continue
-        first, last = g.iloc[0], g.iloc[-1]
-        steps = " → ".join(f"{v:.2f}×" for v in g["speedup"])
-        parts.append(f"{engine}: {steps} over ratios {first['mean_ratio']:.1f} … {last['mean_ratio']:.1f}")
-        gain = last["speedup"] - first["speedup"]
-        verdicts.append(HOLDS if gain >= 0.2 else FAILS if gain <= 0 else UNCLEAR)
-    if not parts:
-        return _absent(name, paper, "reports/tableA3.csv")
-    verdict = verdicts[0] if len(set(verdicts)) == 1 else UNCLEAR
-    return Claim(name, paper, "; ".join(parts) + f" (holds: ≥ 0.2× more at the highest ratio than at the lowest on "
-                 f"every engine; {NOISE_NOTE})", verdict, "reports/tableA3.csv")
+        item = judge(g)
+        if item:
+            found.append((f"{engine}: {item[0]}", item[1]))
+    if not found:
+        return _absent(name, paper, evidence)
+    verdicts = {verdict for _, verdict in found}
+    return Claim(name, paper, "; ".join(text for text, _ in found) + f" ({rule}; {NOISE_NOTE})",
+                 verdicts.pop() if len(verdicts) == 1 else UNCLEAR, evidence)
+
+
+def _ratio_trend(g: pd.DataFrame):
+    g = g[g["variant"] == "swiftkv-50"].sort_values("mean_ratio")
+    if len(g) < 2:
+        return None
+    first, last = g.iloc[0], g.iloc[-1]
+    steps = " → ".join(f"{v:.2f}×" for v in g["speedup"])
+    gain = last["speedup"] - first["speedup"]
+    return (f"{steps} over ratios {first['mean_ratio']:.1f} … {last['mean_ratio']:.1f}",
+            HOLDS if gain >= 0.2 else FAILS if gain <= 0 else UNCLEAR)
+
+
+def claim_sharegpt_ratio(path) -> Claim:
+    return _per_engine_claim("The throughput gain grows with the input/output ratio on real prompts (Table A.3)",
+                             "Llama-3.1-8B on ShareGPT: 1.16× at ratio 1.5 → 1.65× at ratio 150", path,
+                             "reports/tableA3.csv", _ratio_trend,
+                             "holds: ≥ 0.2× more at the highest ratio than at the lowest on every engine")
+
+
+def _acrosskv_gain(g: pd.DataFrame):
+    swift = g[g["variant"] == "swiftkv-50"]
+    across = g[g["variant"].str.startswith("swiftkv-50-acrosskv")]
+    both = swift.merge(across, on="kv_limit", suffixes=("", "_a"))
+    if len(both) < 2:
+        return None
+    both["ratio"] = both["throughput_tok_s_a"] / both["throughput_tok_s"]
+    both["mib"] = both["kv_limit"].str.extract(r"([\d.]+)")[0].astype(float)
+    both = both.sort_values("mib")
+    best, plenty = both["ratio"].iloc[:-1].max(), both["ratio"].iloc[-1]
+    text = "AcrossKV / SwiftKV " + ", ".join(f"{r['ratio']:.2f}× at {r['kv_limit'].replace(' KV cache', '')}"
+                                             for _, r in both.iterrows())
+    return text, HOLDS if best >= 1.1 and plenty < 1.05 else FAILS if best < 1.05 else UNCLEAR
 
 
 def claim_kv_limit(path) -> Claim:
-    name = "AcrossKV adds throughput on top of SwiftKV where KV memory is scarce, not where it is plentiful (Table 3)"
-    paper = "20 GB: SwiftKV 50% 12.2K → + 4× AcrossKV 18.0K tok/s; at 80 GB SwiftKV alone is the gain (1.35×)"
-    t = _read(path)
-    if t is None or "status" not in t:
-        return _absent(name, paper, "reports/table3.csv")
-    t = t[t["status"] == "measured"]
-    parts, verdicts = [], []
-    for engine, g in t.groupby(_engine_name(t), sort=False):
-        swift = g[g["variant"] == "swiftkv-50"]
-        across = g[g["variant"].str.startswith("swiftkv-50-acrosskv")]
-        if swift.empty or across.empty:
-            continue
-        both = swift.merge(across, on="kv_limit", suffixes=("", "_a"))
-        both["ratio"] = both["throughput_tok_s_a"] / both["throughput_tok_s"]
-        both["mib"] = both["kv_limit"].str.extract(r"([\d.]+)")[0].astype(float)
-        both = both.sort_values("mib")
-        if len(both) < 2:
-            continue
-        scarce, plenty = both.iloc[:-1], both.iloc[-1]
-        best = scarce.loc[scarce["ratio"].idxmax()]
-        parts.append(f"{engine}: AcrossKV / SwiftKV " + ", ".join(
-            f"{r['ratio']:.2f}× at {r['kv_limit'].replace(' KV cache', '')}" for _, r in both.iterrows()))
-        verdicts.append(HOLDS if best["ratio"] >= 1.1 and plenty["ratio"] < 1.05 else
-                        FAILS if best["ratio"] < 1.05 else UNCLEAR)
-    if not parts:
-        return _absent(name, paper, "reports/table3.csv")
-    verdict = verdicts[0] if len(set(verdicts)) == 1 else UNCLEAR
-    rule = f"holds: ≥ 1.1× at some smaller limit and < 1.05× at the largest; {NOISE_NOTE}"
-    return Claim(name, paper, "; ".join(parts) + f" ({rule})", verdict, "reports/table3.csv")
+    return _per_engine_claim(
+        "AcrossKV adds throughput on top of SwiftKV where KV memory is scarce, not where it is plentiful (Table 3)",
+        "20 GB: SwiftKV 50% 12.2K → + 4× AcrossKV 18.0K tok/s; at 80 GB SwiftKV alone is the gain (1.35×)", path,
+        "reports/table3.csv", _acrosskv_gain, "holds: ≥ 1.1× at some smaller limit and < 1.05× at the largest")
 
 
 def claims(paths: dict, prefill: pd.DataFrame | None = None, serve: pd.DataFrame | None = None,
