@@ -59,6 +59,17 @@ def _read(path) -> pd.DataFrame | None:
     return pd.read_csv(path) if path and Path(path).is_file() else None
 
 
+PAPER_MODEL = "llama-3.1-8b-instruct"  # the model of the paper's ablation tables (4a, 4b, B.1, B.2)
+
+
+def _paper_avg(table: str, variant: str, kv_cache: str = "native", model: str = PAPER_MODEL) -> str:
+    """The paper's average for one row, read from ``analysis/paper/{table}.csv`` (never typed into a claim)."""
+    from analysis.paper import paper_row
+
+    row = paper_row(table, model, variant, kv_cache)
+    return f"{float(row['average']):.2f}" if row and row.get("average") else "n/a"
+
+
 def _absent(claim: str, paper: str, evidence: str) -> Claim:
     return Claim(claim, paper, "—", ABSENT, evidence)
 
@@ -68,7 +79,11 @@ def _absent(claim: str, paper: str, evidence: str) -> Claim:
 
 def claim_table1(path) -> Claim:
     name = "Prefill FLOPs per token fall as (L-l)/L of the layer work (Table 1)"
-    paper = "Llama-3.1-70B: 302 → 228 → 154 → 153 GFLOPs (base, 25%, 50%, 50% + 4-way AcrossKV)"
+    from analysis.paper import paper_table
+
+    ref = paper_table("table1")
+    paper = (f"{ref['model'].iloc[0]}: " + " → ".join(ref["total"]) + " GFLOPs ("
+             + ", ".join(ref["setting"]) + ")")
     t = _read(path)
     if t is None:
         return _absent(name, paper, "reports/table1.csv")
@@ -83,7 +98,13 @@ def claim_table1(path) -> Claim:
 
 def claim_kv_memory(path) -> Claim:
     name = "AcrossKV shrinks the KV cache (Llama-3.1-8B at 50%: 2/4/8/16-way)"
-    paper = "25 / 37.5 / 43.75 / 46.875 % saved; 62.5 / 68.75 / 71.875 / 73.4 % with FP8"
+    from analysis.paper import paper_table
+
+    ref = paper_table("kv_memory")
+    fp8_ref = ref[ref["kv_cache_reduction_fp8"] != ""]
+    paper = (" / ".join(f"{100 * float(v):g}" for v in ref["kv_cache_reduction"]) + " % saved; with FP8 "
+             + ", ".join(f"{100 * float(r['kv_cache_reduction_fp8']):g} % ({r['key_value_group_size']}-way)"
+                         for _, r in fp8_ref.iterrows()))
     t = _read(path)
     if t is None:
         return _absent(name, paper, "reports/table_kv_memory.csv")
@@ -179,7 +200,9 @@ def _pairwise(name: str, paper: str, path, variant: str, better_is_ref: bool, ev
 
 def claim_degradation(path) -> Claim:
     name = "Quality degrades as more layers are skipped (Table 2)"
-    paper = "Llama-3.1-8B average 79.2 (base) → 78.7 (25%) → 76.8 (50%) → 74.9 (62.5%)"
+    paper = ("Llama-3.1-8B average " + " → ".join(f"{_paper_avg('table2', v)} ({label})" for v, label in
+                                                  (("base", "base"), ("swiftkv-25", "25%"), ("swiftkv-50", "50%"),
+                                                   ("swiftkv-62", "62.5%"))))
     t = _read(path)
     if t is None:
         return _absent(name, paper, "reports/table2.csv")
@@ -202,7 +225,10 @@ def claim_degradation(path) -> Claim:
 
 def claim_fp8(path) -> Claim:
     name = "FP8 KV-cache quantisation after training costs little accuracy (Table B.1)"
-    paper = "≤ 0.3 points average for Llama-3.1-8B SwiftKV (with and without AcrossKV)"
+    paper = "Llama-3.1-8B, FP8 − native average: " + ", ".join(
+        f"{float(_paper_avg('tableB1', v, 'fp8')) - float(_paper_avg('tableB1', v)):+.2f} ({label})"
+        for v, label in (("swiftkv-50", "SwiftKV 50%"), ("swiftkv-50-acrosskv-2", "+ 2-way AcrossKV"),
+                         ("swiftkv-50-acrosskv-4", "+ 4-way AcrossKV")))
     t = _read(path)
     if t is None:
         return _absent(name, paper, "reports/tableB1.csv")
@@ -373,13 +399,19 @@ def claims(paths: dict, prefill: pd.DataFrame | None = None, serve: pd.DataFrame
         claim_kv_memory(p("table_kv_memory")),
         claim_prefill_time(prefill),
         claim_degradation(p("table2")),
-        _pairwise("Distillation recovers quality (Table 4a)", "no distillation 59.9 vs KL 76.8 (Llama-3.1-8B, 50%)",
+        _pairwise("Distillation recovers quality (Table 4a)",
+                  f"W/o Distill {_paper_avg('table4a', 'swiftkv-50-lm')} vs KL {_paper_avg('table4a', 'swiftkv-50')} "
+                  "(Llama-3.1-8B, 50%; the summary reads that row once as no fine-tuning, once as the LM loss)",
                   p("table4a"), "swiftkv-50-nodistill", True, "reports/table4a.csv"),
-        _pairwise("KL to the teacher beats the LM loss (Table 4a)", "LM loss 74.3 vs KL 76.8",
-                  p("table4a"), "swiftkv-50-lm", True, "reports/table4a.csv"),
+        _pairwise("KL to the teacher beats the LM loss (Table 4a)",
+                  f"LM loss {_paper_avg('table4a', 'swiftkv-50-lm')} vs KL {_paper_avg('table4a', 'swiftkv-50')} "
+                  "(Llama-3.1-8B, 50%)", p("table4a"), "swiftkv-50-lm", True, "reports/table4a.csv"),
         _pairwise("Training only W_QKV of later layers beats training them fully (Table 4b)",
-                  "full 75.1 vs partial 76.8", p("table4b"), "swiftkv-50-full", True, "reports/table4b.csv"),
-        _pairwise("AcrossKV beats MQA at an equal KV budget (Table B.2)", "MQA 73.5 vs AcrossKV 75.4",
+                  f"full {_paper_avg('table4b', 'swiftkv-50-full')} vs partial {_paper_avg('table4b', 'swiftkv-50')} "
+                  "(Llama-3.1-8B, 50%)", p("table4b"), "swiftkv-50-full", True, "reports/table4b.csv"),
+        _pairwise("AcrossKV beats MQA at an equal KV budget (Table B.2)",
+                  f"MQA {_paper_avg('tableB2', 'swiftkv-50-mqa-2')} vs 4-way AcrossKV "
+                  f"{_paper_avg('tableB2', 'swiftkv-50-acrosskv-4')} (Llama-3.1-8B, 50%, 37.5% KV saved)",
                   p("tableB2"), "swiftkv-50-mqa-1", True, "reports/tableB2.csv"),
         claim_fp8(p("tableB1")),
         claim_throughput(serve),

@@ -243,3 +243,15 @@ def test_git_commit_is_dirty_for_code_changes_not_for_rewritten_reports(tmp_path
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "+dirty"
     assert git_commit(tmp_path / "not-a-repo") == "unknown"
+
+
+def test_paper_numbers_on_the_page_come_from_the_paper_tables():
+    paper = {c.claim.rsplit(" (", 1)[0]: c.paper for c in claims({})}
+    degrade = "73.71 (base) → 73.59 (25%) → 72.70 (50%) → 66.09 (62.5%)"
+    assert degrade in paper["Quality degrades as more layers are skipped"]
+    assert paper["KL to the teacher beats the LM loss"].startswith("LM loss 70.06 vs KL 72.70")
+    partial = paper["Training only W_QKV of later layers beats training them fully"]
+    assert partial.startswith("full 68.23 vs partial 72.70")
+    assert paper["AcrossKV beats MQA at an equal KV budget"].startswith("MQA 54.13 vs 4-way AcrossKV 71.49")
+    assert "-0.40 (SwiftKV 50%)" in paper["FP8 KV-cache quantisation after training costs little accuracy"]
+    assert "302 → 228 → 154 → 153 GFLOPs" in paper["Prefill FLOPs per token fall as (L-l)/L of the layer work"]
