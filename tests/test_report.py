@@ -255,3 +255,12 @@ def test_paper_numbers_on_the_page_come_from_the_paper_tables():
     assert paper["AcrossKV beats MQA at an equal KV budget"].startswith("MQA 54.13 vs 4-way AcrossKV 71.49")
     assert "-0.40 (SwiftKV 50%)" in paper["FP8 KV-cache quantisation after training costs little accuracy"]
     assert "302 → 228 → 154 → 153 GFLOPs" in paper["Prefill FLOPs per token fall as (L-l)/L of the layer work"]
+
+
+def test_accuracy_tables_on_the_page_show_the_comparison_before_the_tasks():
+    md = ("| row | task_a | task_b | average | Δ vs base | KL | paper avg | paper Δ |\n"
+          "|---|---|---|---|---|---|---|---|\n"
+          "| r1 | 1 | 2 | 1.5 | -0.5 | 0.1 | 72.7 | -1.0 |\n")
+    heads = re.findall(r"<th>(.*?)</th>", markdown_html(md))
+    assert heads == ["row", "average", "paper avg", "Δ vs base", "paper Δ", "KL", "task_a", "task_b"]
+    assert re.findall(r"<td>(.*?)</td>", markdown_html(md)) == ["r1", "1.5", "72.7", "-0.5", "-1.0", "0.1", "1", "2"]
