@@ -527,6 +527,9 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop(columns=list(dict.fromkeys(drop)))
 
 
+RESULT_FIRST = ("label", "speedup", "predicted_speedup", "throughput_tok_s")  # serving tables' result columns
+
+
 def _number(v: float) -> str:
     """Four significant digits, but whole numbers from 10,000 up (throughputs, bytes) without an exponent."""
     return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
@@ -535,6 +538,9 @@ def _number(v: float) -> str:
 def csv_html(path, max_rows: int = 200) -> str:
     df = pd.read_csv(path)
     shown = display_frame(df)
+    if shown.shape[1] > 10:  # the result before the workload details, so that it shows without scrolling
+        lead = [c for c in (shown.columns[0], *RESULT_FIRST) if c in shown.columns]
+        shown = shown[list(dict.fromkeys(lead + list(shown.columns)))]
     table = shown.head(max_rows).to_html(index=False, na_rep="", float_format=_number, border=0,
                                          classes="wide" if shown.shape[1] > 10 else None)
     hidden = [c for c in df.columns if c not in shown.columns]

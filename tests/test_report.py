@@ -264,3 +264,14 @@ def test_accuracy_tables_on_the_page_show_the_comparison_before_the_tasks():
     heads = re.findall(r"<th>(.*?)</th>", markdown_html(md))
     assert heads == ["row", "average", "paper avg", "Δ vs base", "paper Δ", "KL", "task_a", "task_b"]
     assert re.findall(r"<td>(.*?)</td>", markdown_html(md)) == ["r1", "1.5", "72.7", "-0.5", "-1.0", "0.1", "1", "2"]
+
+
+def test_wide_serving_tables_show_the_result_before_the_workload(tmp_path):
+    from analysis.report import csv_html
+
+    cols = {"source": ["vLLM · cpu · m"], **{f"w{i}": [i] for i in range(9)}, "label": ["Base"], "speedup": [1.5],
+            "kv_cache_bytes": [23_550_000.0]}
+    pd.DataFrame(cols).to_csv(tmp_path / "t.csv", index=False)
+    out = csv_html(tmp_path / "t.csv")
+    assert re.findall(r"<th>(.*?)</th>", out)[:3] == ["source", "label", "speedup"]
+    assert "23,550,000" in out and "e+07" not in out
