@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.paper import paper_row, paper_table
+
 HOLDS, FAILS, UNCLEAR, ABSENT = "holds", "does not hold", "cannot tell", "not measured here"
 
 
@@ -62,12 +64,16 @@ def _read(path) -> pd.DataFrame | None:
 PAPER_MODEL = "llama-3.1-8b-instruct"  # the model of the paper's ablation tables (4a, 4b, B.1, B.2)
 
 
-def _paper_avg(table: str, variant: str, kv_cache: str = "native", model: str = PAPER_MODEL) -> str:
-    """The paper's average for one row, read from ``analysis/paper/{table}.csv`` (never typed into a claim)."""
-    from analysis.paper import paper_row
-
+def _paper_average(table: str, variant: str, kv_cache: str = "native", model: str = PAPER_MODEL) -> float:
+    """The paper's average for one row, read from ``analysis/paper/{table}.csv`` (never typed into a claim); NaN if
+    the paper has no such row."""
     row = paper_row(table, model, variant, kv_cache)
-    return f"{float(row['average']):.2f}" if row and row.get("average") else "n/a"
+    return float(row["average"]) if row and row.get("average") else math.nan
+
+
+def _paper_avg(table: str, variant: str, kv_cache: str = "native") -> str:
+    value = _paper_average(table, variant, kv_cache)
+    return "n/a" if math.isnan(value) else f"{value:.2f}"
 
 
 def _absent(claim: str, paper: str, evidence: str) -> Claim:
@@ -79,8 +85,6 @@ def _absent(claim: str, paper: str, evidence: str) -> Claim:
 
 def claim_table1(path) -> Claim:
     name = "Prefill FLOPs per token fall as (L-l)/L of the layer work (Table 1)"
-    from analysis.paper import paper_table
-
     ref = paper_table("table1")
     paper = (f"{ref['model'].iloc[0]}: " + " → ".join(ref["total"]) + " GFLOPs ("
              + ", ".join(ref["setting"]) + ")")
@@ -98,8 +102,6 @@ def claim_table1(path) -> Claim:
 
 def claim_kv_memory(path) -> Claim:
     name = "AcrossKV shrinks the KV cache (Llama-3.1-8B at 50%: 2/4/8/16-way)"
-    from analysis.paper import paper_table
-
     ref = paper_table("kv_memory")
     fp8_ref = ref[ref["kv_cache_reduction_fp8"] != ""]
     paper = (" / ".join(f"{100 * float(v):g}" for v in ref["kv_cache_reduction"]) + " % saved; with FP8 "
@@ -228,7 +230,7 @@ def claim_degradation(path) -> Claim:
 def claim_fp8(path) -> Claim:
     name = "FP8 KV-cache quantisation after training costs little accuracy (Table B.1)"
     paper = "Llama-3.1-8B, FP8 − native average: " + ", ".join(
-        f"{float(_paper_avg('tableB1', v, 'fp8')) - float(_paper_avg('tableB1', v)):+.2f} ({label})"
+        f"{_paper_average('tableB1', v, 'fp8') - _paper_average('tableB1', v):+.2f} ({label})"
         for v, label in (("swiftkv-50", "SwiftKV 50%"), ("swiftkv-50-acrosskv-2", "+ 2-way AcrossKV"),
                          ("swiftkv-50-acrosskv-4", "+ 4-way AcrossKV")))
     t = _read(path)
@@ -247,12 +249,23 @@ def claim_fp8(path) -> Claim:
                  "reports/tableB1.csv")
 
 
+# Serving studies run each point once with a handful of requests: no bootstrap interval, so these verdicts ask for
+# an effect well beyond run-to-run noise (~5% on these machines) and, for latencies, for SwiftKV's 90th percentile to
+# lie below the base model's median.
+NOISE_NOTE = "one run per point, no interval"
+
+
+def _measured(serve: pd.DataFrame | None, study: str) -> pd.DataFrame:
+    if serve is None or serve.empty or "study" not in serve:
+        return pd.DataFrame()
+    return serve[(serve["study"] == study) & (serve["status"] == "measured")]
+
+
 def claim_throughput(serve: pd.DataFrame | None) -> Claim:
     name = "SwiftKV at 50% raises prefill-heavy serving throughput (Fig. 3)"
     paper = "up to 2× combined throughput (Llama-3.1-8B, vLLM, long inputs)"
-    if serve is None or serve.empty:
-        return _absent(name, paper, "reports/figure3_throughput.png")
-    t = serve[(serve["study"] == "throughput") & (serve["status"] == "measured") & (serve["variant"] == "swiftkv-50")]
+    t = _measured(serve, "throughput")
+    t = t[t["variant"] == "swiftkv-50"] if not t.empty else t
     if t.empty:
         return _absent(name, paper, "reports/figure3_throughput.png")
     parts, verdicts = [], []
@@ -269,27 +282,16 @@ def claim_throughput(serve: pd.DataFrame | None) -> Claim:
                  "reports/figure3_throughput.png")
 
 
-# Serving studies run each point once with a handful of requests: no bootstrap interval, so these verdicts ask for
-# an effect well beyond run-to-run noise (~5% on these machines) and, for latencies, for SwiftKV's 90th percentile to
-# lie below the base model's median.
-NOISE_NOTE = "one run per point, no interval"
-
-
-def _measured(serve: pd.DataFrame | None, study: str) -> pd.DataFrame:
-    if serve is None or serve.empty or "study" not in serve:
-        return pd.DataFrame()
-    return serve[(serve["study"] == study) & (serve["status"] == "measured")]
-
-
 def _engine_name(t: pd.DataFrame) -> pd.Series:
     """The engine part of a serving table's ``source`` ("vLLM 0.32.0 · hardware · model" → "vLLM 0.32.0")."""
-    return t["source"].str.split(" · ").str[0] if "source" in t else t["engine"]
+    return t["source"].str.split(" · ").str[0]
 
 
-def _latency_claim(name: str, paper: str, latency: pd.DataFrame | None, metric: str, unit_scale: float, unit: str,
-                   pick: str) -> Claim:
-    """Base vs SwiftKV 50% on one latency metric (``ttft`` / ``tpot``); ``pick`` = ``lowest`` rate, or the rate with
-    the ``largest`` reduction (the paper reports TPOT "up to" a reduction, under load)."""
+def _latency_claim(name: str, paper: str, latency: pd.DataFrame | None, metric: str, unit: str, pick: str) -> Claim:
+    """Base vs SwiftKV 50% on one latency metric (``ttft`` / ``tpot``, shown in ``unit`` ``s`` or ``ms``); ``pick`` =
+    ``lowest`` rate, or the rate with the ``largest`` reduction (the paper reports TPOT "up to" a reduction, under
+    load)."""
+    scale, digits = (1000.0, 3) if unit == "s" else (1.0, 0)
     evidence = "reports/figure4_latency.png"
     t = _measured(latency, "latency")
     if t.empty:
@@ -304,10 +306,9 @@ def _latency_claim(name: str, paper: str, latency: pd.DataFrame | None, metric: 
         cut = {r: 1 - swift.at[r, f"median_{metric}_ms"] / base.at[r, f"median_{metric}_ms"] for r in rates}
         rate = rates[0] if pick == "lowest" else max(rates, key=cut.get)
         b, s = base.loc[rate], swift.loc[rate]
-        digits = 3 if unit == "s" else 0
 
         def value(row, stat):
-            return f"{row[f'{stat}_{metric}_ms'] / unit_scale:.{digits}f}"
+            return f"{row[f'{stat}_{metric}_ms'] / scale:.{digits}f}"
 
         parts.append(f"{engine} on {hw}, {int(s['input_len'])} in, {rate:g} req/s: median {value(b, 'median')} → "
                      f"{value(s, 'median')} {unit} ({cut[rate]:.0%} lower; SwiftKV p90 {value(s, 'p90')})")
@@ -323,13 +324,13 @@ def _latency_claim(name: str, paper: str, latency: pd.DataFrame | None, metric: 
 def claim_ttft(latency: pd.DataFrame | None) -> Claim:
     return _latency_claim("SwiftKV cuts time to first token at low arrival rates (Fig. 4)",
                           "up to 50% lower: 0.5–0.7 s → 0.25–0.35 s (Llama-3.1-70B, 2K inputs)",
-                          latency, "ttft", 1000.0, "s", "lowest")
+                          latency, "ttft", "s", "lowest")
 
 
 def claim_tpot(latency: pd.DataFrame | None) -> Claim:
     return _latency_claim("SwiftKV cuts time per output token under load (Fig. 4)",
                           "up to 60% lower: 20–25 → 10–12 ms (Llama-3.1-70B, 2K inputs, 4 req/s)",
-                          latency, "tpot", 1.0, "ms", "largest")
+                          latency, "tpot", "ms", "largest")
 
 
 def _per_engine_claim(name: str, paper: str, path, evidence: str, judge, rule: str) -> Claim:
@@ -466,6 +467,7 @@ def _inline(text: str) -> str:
     return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
 
 
+WIDE = 10  # a table with more columns scrolls sideways: its key columns go first and its cells stay on one line
 SUMMARY_FIRST = ("average", "paper avg", "Δ vs base", "paper Δ", "Δ vs ref")
 
 
@@ -491,7 +493,7 @@ def markdown_html(text: str) -> str:
             cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table
                      if not re.fullmatch(r"\|?[\s:|-]+\|?", line.strip())]
             head, *body = _summary_first(cells)
-            out.append(f"<table{' class=wide' if len(head) > 10 else ''}><tr>"
+            out.append(f"<table{' class=wide' if len(head) > WIDE else ''}><tr>"
                        + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
                        + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
                        + "</table>")
@@ -538,11 +540,12 @@ def _number(v: float) -> str:
 def csv_html(path, max_rows: int = 200) -> str:
     df = pd.read_csv(path)
     shown = display_frame(df)
-    if shown.shape[1] > 10:  # the result before the workload details, so that it shows without scrolling
+    wide = shown.shape[1] > WIDE
+    if wide:  # the result before the workload details, so that it shows without scrolling
         lead = [c for c in (shown.columns[0], *RESULT_FIRST) if c in shown.columns]
         shown = shown[list(dict.fromkeys(lead + list(shown.columns)))]
     table = shown.head(max_rows).to_html(index=False, na_rep="", float_format=_number, border=0,
-                                         classes="wide" if shown.shape[1] > 10 else None)
+                                         classes="wide" if wide else None)
     hidden = [c for c in df.columns if c not in shown.columns]
     if hidden:
         table += f"<p class='cap'>not shown (in the CSV): {html.escape(', '.join(hidden))}</p>"
