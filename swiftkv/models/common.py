@@ -13,10 +13,16 @@ Student forward (``config.swiftkv = True``), with l = ``num_key_value_layers`` a
 
 Positions that stop at layer l feed nothing but their own (unrequested) logits, so the logits that are
 returned equal those of a full student forward over every position.
+
+The kept positions' rows are cut from a 4D mask (sdpa, eager). Kernels that take a 2D key-padding mask or none
+(flash attention) apply causality themselves, aligning the queries with the last keys: they keep the skip for the
+last N positions (``generate``'s ``logits_to_keep=1``) and run every position past l for any other choice (one
+warning per process; the logits are the same).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +42,9 @@ from swiftkv.configuration import (  # noqa: F401  (re-exported: the model code'
     init_swiftkv_config_fields,
     validate_swiftkv_config,
 )
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()  # keys of the one-time warnings already logged in this process
 
 
 def group_leader(layer_idx: int, config) -> int:
@@ -95,8 +104,12 @@ class SwiftKVAttentionMixin:
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        if hasattr(self, "sliding_window"):
+        if hasattr(self, "sliding_window"):  # Qwen2: the window of this layer's type
             kwargs["sliding_window"] = self.sliding_window
+        elif getattr(self.config, "sliding_window", None) is not None:
+            # SwiftKV: Mistral passes the config's window to the kernel (flash attention applies it; sdpa/eager read
+            # the mask), as MistralAttention.forward does.
+            kwargs["sliding_window"] = self.config.sliding_window
         groups = getattr(self, "swiftkv_num_key_value_groups", None)
         if groups is not None:
             saved, self.num_key_value_groups = self.num_key_value_groups, groups
@@ -320,12 +333,27 @@ class SwiftKVModelMixin:
         )
         if can_skip and not all(m is None or isinstance(m, torch.Tensor) for m in state.masks.values()):
             can_skip = False  # e.g. flex-attention BlockMask: run every position, select at the end
+        if (
+            can_skip
+            and any(is_key_padding_mask(m) for m in state.dense_masks.values())
+            and not (last_only or is_last_positions(swiftkv_keep, index, seq_len))
+        ):
+            # SwiftKV: a kernel that takes a 2D key-padding mask (or none) applies causality itself, aligning the
+            # queries with the last keys; it cannot express arbitrary kept positions: run them all, select at the end.
+            warn_once(
+                "kernel-cannot-skip",
+                "SwiftKV: attn_implementation=%r takes a 2D key-padding mask and aligns queries with the last keys, "
+                "so only the last N positions (an int logits_to_keep) can skip layers >= l; running every position "
+                "through them for this logits_to_keep (results are exact, the prefill saving is lost)",
+                self.config._attn_implementation,
+            )
+            can_skip = False
         l = self.config.num_key_value_layers
         boundary = self.run_layers(state, 0, l, **kwargs)  # B,S,H: h_l, the stream entering layer l
         key_values = self.swiftkv_key_values(boundary, state)
 
         if can_skip:
-            masks = {t: None if m is None else select_positions(m, index, dim=-2) for t, m in state.dense_masks.items()}
+            masks = {t: select_query_rows(m, index) for t, m in state.dense_masks.items()}
             cos, sin = state.position_embeddings
             batch = boundary.shape[0]
             hidden = self.run_swiftkv_layers(
@@ -359,6 +387,38 @@ def keep_index(logits_to_keep, seq_len: int, device) -> torch.Tensor | str | Non
     if index.dtype == torch.bool:
         return "mask"
     return index.long()
+
+
+def is_key_padding_mask(mask) -> bool:
+    """True for a mask that flash-attention-style kernels take: None or a 2D (B, K) key-padding mask. Such a kernel
+    applies causality itself, bottom-right aligned (query i of Q sits at key K - Q + i)."""
+    return mask is None or (isinstance(mask, torch.Tensor) and mask.dim() == 2)
+
+
+def is_last_positions(logits_to_keep, index: torch.Tensor, seq_len: int) -> bool:
+    """Whether ``index`` (a ``keep_index`` tensor) is the last N positions of every row, in order."""
+    if isinstance(logits_to_keep, int):
+        return True  # keep_index made arange(S - N, S)
+    n = index.shape[-1] if index.dim() else 0
+    tail = torch.arange(seq_len - n, seq_len, device=index.device)
+    return 0 < n <= seq_len and bool((index == tail).all())
+
+
+def select_query_rows(mask, index: torch.Tensor):
+    """The attention mask for the kept query positions ``index``."""
+    if is_key_padding_mask(mask):
+        # SwiftKV: None or a 2D key-padding mask masks keys, not queries: unchanged. Right only when ``index`` is the
+        # last N positions: the kernel aligns queries bottom-right, and transformers' flash-attention path unpads the
+        # queries with the mask's last N columns.
+        return mask
+    return select_positions(mask, index, dim=-2)  # B,1,N,K from B,1,S,K
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    """``logger.warning`` the first time ``key`` is seen in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message, *args)
 
 
 def select_positions(x: torch.Tensor, keep, dim: int = 1) -> torch.Tensor:
