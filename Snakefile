@@ -2,6 +2,8 @@
 #   snakemake --cores all reports/table2.csv                          (default profile, embedded models)
 #   snakemake --cores all --configfile config/ci.yaml <target>        (CI profile: tiny sizes)
 #   snakemake --cores all --configfile config/paper.yaml <target>     (paper profile: hub models, GPUs)
+from pathlib import Path
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -10,7 +12,10 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+include: "workflow/rules/config.smk"  # one line naming a bad key or value, before anything runs
+
+
+validate(config, "workflow/schemas/config.schema.yaml")  # (after that check: Snakemake's own, fills defaults)
 
 
 include: "workflow/rules/common.smk"

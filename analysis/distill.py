@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.io import save_figure
+
 LOG_FILE = "train_log.jsonl"
 SUMMARY_FILE = "distill.json"
 
@@ -74,5 +76,5 @@ def plot_heldout_curve(curve: pd.DataFrame, table: pd.DataFrame | None, table_to
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path, dpi=None, bbox_inches=None)
     plt.close(fig)

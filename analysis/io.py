@@ -6,13 +6,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
+
+from swiftkv.io import atomic_path
 
 PAPER_DIR = Path(__file__).parent / "paper"
 
@@ -63,43 +64,24 @@ def read_flops(paths: Iterable[str | os.PathLike], key: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _atomic(path: str | os.PathLike):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    return path, Path(tmp)
-
-
 def write_csv(df: pd.DataFrame, path: str | os.PathLike, **kwargs) -> None:
-    path, tmp = _atomic(path)
-    try:
+    """``df.to_csv`` through the package's one atomic writer (``swiftkv.io``)."""
+    with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False, **kwargs)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
-    path, tmp = _atomic(path)
-    try:
+    with atomic_path(path) as tmp:
         tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> None:
-    """Save a matplotlib figure atomically (same format as ``path``'s suffix)."""
-    path, tmp = _atomic(path)
-    try:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=path.suffix.lstrip(".") or "png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def save_figure(fig, path: str | os.PathLike, dpi: int | None = 150, **kwargs) -> None:
+    """Save a matplotlib figure atomically (same format as ``path``'s suffix); ``kwargs`` go to ``savefig``
+    (default ``bbox_inches="tight"``)."""
+    kwargs.setdefault("bbox_inches", "tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+
 
 def read_json(path: str | Path) -> dict:
     with open(path) as f:

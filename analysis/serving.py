@@ -16,6 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.io import save_figure  # noqa: E402
+
 PAPER = Path(__file__).parent / "paper"
 ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -211,7 +213,7 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             _legend(ax)
     fig.suptitle("Fig. 3: combined (input + output) throughput vs input length — measured here beside the paper")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120, bbox_inches=None)
     plt.close(fig)
 
 
@@ -256,5 +258,5 @@ def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
     top.set_title("paper, key numbers:\nFig. 4 (70B, 4x H100), Fig. A.1 (8B, 1x H100)", fontsize=8)
     fig.suptitle("Fig. 4: latency vs request rate — measured here beside the paper")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120, bbox_inches=None)
     plt.close(fig)

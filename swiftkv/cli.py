@@ -10,6 +10,90 @@ import sys
 from swiftkv.errors import SwiftKVError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``error: swiftkv CMD: what is wrong (see swiftkv CMD --help)``, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
+    return value
+
+
+def unit_fraction(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is outside (0, 1]")
+    return value
+
+
+def non_empty(text: str) -> str:
+    """argparse type: a string with something in it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+# What each command writes (checked before any work, so that a bad path fails in a second, not after the run): a
+# directory (written whole, or one of ours that files are added to) or a file.
+OUTPUT_KINDS = {
+    "cmd_convert": "dir", "cmd_distill": "dir", "cmd_bigbench_build": "dir", "cmd_bigbench_extract": "dir",
+    "cmd_heldout_ppl_task": "dir", "cmd_eval": "dir", "cmd_bench_prefill": "file", "cmd_bench_distill": "file",
+    "cmd_bench_vllm": "file", "cmd_bench_serve": "file", "cmd_bench_sharegpt_requests": "file",
+    "cmd_simscore": "file", "cmd_flops": "file",
+}
+
+
+def check_outputs(args) -> None:
+    """Refuse bad output paths (foreign, protected, a link, the wrong kind) before the command does any work."""
+    from swiftkv.io import check_output_dir, check_output_file
+
+    kind = OUTPUT_KINDS.get(args.func.__name__)
+    target = getattr(args, "output_dir", None) or getattr(args, "output", None)
+    if kind is None or target is None:
+        return
+    if kind == "dir":
+        check_output_dir(target, args.overwrite)
+        return
+    check_output_file(target, args.overwrite)
+    if args.func.__name__ == "cmd_simscore":  # and the metadata JSON beside the CSV
+        check_output_file(_simscore_metadata_path(args), args.overwrite)
+
+
+def check_inputs(args) -> None:
+    """The model a command reads, checked before torch is imported: unknown id, damaged directory, --teacher on a
+    model that is not a SwiftKV checkpoint, a student shape (convert's l, g) that does not fit it."""
+    from swiftkv.loading import check_student_shape, require_swiftkv_checkpoint, resolve_model
+
+    model = getattr(args, "model", None)
+    if model is None or args.func.__name__ == "cmd_prepare_model" or getattr(args, "random_weights", False):
+        return
+    if model.endswith(".json") and os.path.isfile(model):  # a config for random weights (timing only)
+        return
+    resources = getattr(args, "resources", None)
+    resolve_model(model, resources)
+    if getattr(args, "teacher", False):
+        require_swiftkv_checkpoint(model, resources, "--teacher")
+    if args.func.__name__ == "cmd_convert":
+        check_student_shape(model, resources, args.num_key_value_layers, args.key_value_group_size)
+
+
+def _simscore_metadata_path(args) -> str:
+    return args.metadata or str(args.output).rsplit(".", 1)[0] + ".json"
+
+
 def _add_model_args(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
     p.add_argument("model", help="embedded id (e.g. smollm2-135m), a model directory, or a hub id (owner/name)")
     p.add_argument("--dtype", default=dtype, help=f"weights dtype: float32, bfloat16, float16, or auto (default {dtype})")
@@ -37,37 +121,25 @@ def cmd_prepare_model(args) -> None:
 
     ids = list(EMBEDDED_MODELS) if args.model == "all" else [args.model]
     for model_id in ids:
-        print(prepare_model(model_id, root=args.resources, force=args.force))
+        print(prepare_model(model_id, root=args.resources, force=args.force, overwrite=args.overwrite))
 
 
 def cmd_convert(args) -> None:
-    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.convert import convert_to_swiftkv, save_model_dir
     from swiftkv.loading import load_model
 
     model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
     student = convert_to_swiftkv(model, args.num_key_value_layers, args.key_value_group_size)
-    _save_pretrained_atomic(student, tokenizer, args.output)
+    save_model_dir(student, tokenizer, args.output, overwrite=args.overwrite, what="converted SwiftKV checkpoint")
     print(args.output)
 
 
-def _save_pretrained_atomic(model, tokenizer, output: str) -> None:
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+def _as_teacher(model, name: str) -> None:
+    """Run a SwiftKV checkpoint with its original wiring; a hub model's type is known only once it is loaded."""
+    if not hasattr(model, "swiftkv"):
+        raise SwiftKVError(f"--teacher needs a SwiftKV checkpoint; {name} is a {model.config.model_type} model, "
+                           "which always runs as itself (drop --teacher)")
+    model.swiftkv(False)
 
 
 def cmd_generate(args) -> None:
@@ -76,9 +148,12 @@ def cmd_generate(args) -> None:
     from swiftkv.loading import load_model
 
     model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
-    if args.teacher and hasattr(model, "swiftkv"):
-        model.swiftkv(False)
-    if args.chat and tokenizer.chat_template:
+    if args.teacher:
+        _as_teacher(model, args.model)
+    chat = args.chat if args.chat is not None else bool(tokenizer.chat_template)
+    if chat and not tokenizer.chat_template:
+        raise SwiftKVError(f"--chat: the tokenizer of {args.model} has no chat template; drop --chat")
+    if chat:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
@@ -86,7 +161,12 @@ def cmd_generate(args) -> None:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens, do_sample=False)
-    print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+    reply = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    if not reply.strip():
+        how = "with the chat template" if chat else "without the chat template (try without --no-chat)"
+        print(f"note: the model produced an empty reply ({out.shape[1] - ids.shape[1]} tokens generated {how})",
+              file=sys.stderr)
+    print(reply)
 
 
 def cmd_bench_prefill(args) -> None:
@@ -124,7 +204,7 @@ def cmd_bench_prefill(args) -> None:
     result = bench_prefill(model, settings)
     result["model"] = args.name or args.model
     result["random_weights"] = bool(args.random_weights)
-    write_json(args.output, result)
+    write_json(args.output, result, overwrite=args.overwrite)
     for row in result["results"]:
         print(
             f"{row['variant']:>22} len={row['length']:>5}  median {row['median_s'] * 1e3:8.1f} ms"
@@ -158,12 +238,12 @@ def cmd_simscore(args) -> None:
 
     table = pd.DataFrame(result.pop("rows"))
     table.insert(0, "model", args.name or args.model)
-    with atomic_path(args.output) as tmp:
+    with atomic_path(args.output, overwrite=args.overwrite) as tmp:
         table.to_csv(tmp, index=False)
     meta = {"model": args.name or args.model, "source": args.model,
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "device": args.device,
             "torch_threads": torch.get_num_threads(), **result}
-    write_json(args.metadata or str(args.output).rsplit(".", 1)[0] + ".json", meta)
+    write_json(_simscore_metadata_path(args), meta, overwrite=args.overwrite)
     cos = table[table.metric == "cosine"].simscore.round(3).tolist()
     print(f"{meta['model']}: {result['num_sequences']} sequences, {result['num_tokens']} tokens, "
           f"{result['tokens_per_second']:.0f} tok/s; SimScore by layer: {cos}")
@@ -189,7 +269,7 @@ def cmd_flops(args) -> None:
         writer.writerow(record)
         text = buf.getvalue()
     if args.output:
-        write_text(args.output, text)
+        write_text(args.output, text, overwrite=args.overwrite)
     else:
         sys.stdout.write(text)
 
@@ -197,7 +277,7 @@ def cmd_flops(args) -> None:
 def cmd_bench_vllm(args) -> None:
     from pathlib import Path
 
-    from swiftkv.io import write_json
+    from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import resolve_model
     from swiftkv.vllm_bench import ThroughputBench, bench_vllm_throughput, vllm_python
 
@@ -211,9 +291,10 @@ def cmd_bench_vllm(args) -> None:
         input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts, repeats=args.repeats,
         dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, kv_cache_bytes=args.kv_cache_bytes,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
-    workdir = Path(args.workdir or Path(args.output).with_suffix(""))
+    workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), args.overwrite,
+                              "vLLM raw outputs and logs")
     result = bench_vllm_throughput(models, settings, vllm_python(args.vllm_venv), workdir)
-    write_json(args.output, result)
+    write_json(args.output, result, overwrite=args.overwrite)
     for row in result["results"]:
         print(f"{row['label']:>12} l={row['num_key_value_layers']:>3} g={row['key_value_group_size']}"
               f"  {row['tokens_per_s']:8.1f} tok/s  speedup {row['speedup']:.2f}x"
@@ -250,6 +331,10 @@ def cmd_distill(args) -> None:
     settings = DistillSettings(**options)
     settings.validate()
     from swiftkv.distill import run_from_cli
+    from swiftkv.loading import check_student_shape
+
+    check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
+                        settings.key_value_heads)
 
     summary = run_from_cli(args, settings)
     init, final = summary["heldout_initial"], summary["heldout_final"]
@@ -290,7 +375,7 @@ def cmd_bench_distill(args) -> None:
     settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
     result = bench_distill(model, batches, settings)
     result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
-    write_json(args.output, result)
+    write_json(args.output, result, overwrite=args.overwrite)
     for row in result["results"]:
         print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
               f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
@@ -306,7 +391,10 @@ def cmd_bigbench_fetch(args) -> None:
 def cmd_bigbench_extract(args) -> None:
     from swiftkv.bigbench import extract_tasks, verify_sdist
 
+    from swiftkv.io import open_output_dir
+
     verify_sdist(args.tarball)
+    open_output_dir(args.output, args.overwrite, "BIG-bench task.json files")
     for path in extract_tasks(args.tarball, args.tasks, args.output):
         print(path)
 
@@ -316,8 +404,7 @@ def cmd_bigbench_build(args) -> None:
     from pathlib import Path
 
     from swiftkv.bigbench import write_lm_eval_tasks
-    from swiftkv.errors import SwiftKVError
-    from swiftkv.io import write_json
+    from swiftkv.io import open_output_dir, write_json
 
     tasks = {}
     for name in args.tasks:
@@ -325,6 +412,7 @@ def cmd_bigbench_build(args) -> None:
         if not path.is_file():
             raise SwiftKVError(f"{path} is missing; extract it first: swiftkv bigbench extract ... --tasks {name}")
         tasks[name] = json.loads(path.read_text())
+    open_output_dir(args.output, args.overwrite, "lm-eval tasks (BIG-bench, cloze format)")
     manifest = write_lm_eval_tasks(tasks, args.output, {"selection": args.selection_examples,
                                                         "report": args.report_examples})
     write_json(Path(args.output) / "manifest.json", manifest)
@@ -340,11 +428,13 @@ def cmd_heldout_ppl_task(args) -> None:
     from pathlib import Path
 
     from swiftkv.heldout import heldout_sample, perplexity_docs, write_conversations, write_perplexity_task
+    from swiftkv.io import open_output_dir
     from swiftkv.loading import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
     sample = heldout_sample()
     docs = perplexity_docs(tokenizer, sample, args.documents, args.max_tokens)
+    open_output_dir(args.output, args.overwrite, "lm-eval perplexity task (held-out ShareGPT)")
     print(write_perplexity_task(docs, args.output))
     if args.conversations:
         write_conversations(sample[: args.conversations], Path(args.output) / "conversations.jsonl")
@@ -356,10 +446,9 @@ def cmd_eval(args) -> None:
 
     import torch
 
-    from swiftkv.errors import SwiftKVError
     from swiftkv.evaluate import TaskSpec, evaluate_model, tasks_from_manifest
     from swiftkv.fidelity import FidelitySettings
-    from swiftkv.io import write_json
+    from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import load_model
 
     if args.threads:
@@ -386,8 +475,8 @@ def cmd_eval(args) -> None:
     if args.base and args.base != args.model and not args.no_fidelity:  # a base model is its own teacher
         teacher, _ = load_model(args.base, dtype=dtype, resources=args.resources)
         teacher.to(args.device)
-    if args.teacher and hasattr(model, "swiftkv"):
-        model.swiftkv(False)
+    if args.teacher:
+        _as_teacher(model, args.model)
     fidelity = None if args.no_fidelity else FidelitySettings(
         num_sequences=args.fidelity_sequences, max_tokens=args.fidelity_tokens, num_prompts=args.fidelity_prompts,
         max_prompt_tokens=args.fidelity_prompt_tokens, new_tokens=args.fidelity_new_tokens,
@@ -400,7 +489,7 @@ def cmd_eval(args) -> None:
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
                                  batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
     result["swiftkv"].update(model=args.model, base=args.base, device=args.device, threads=torch.get_num_threads())
-    out = Path(args.output_dir)
+    out = open_output_dir(args.output_dir, args.overwrite, "lm-eval results")
     if fid is not None:
         fid.update(model=args.model, base=args.base)
         write_json(out / "fidelity.json", fid)
@@ -517,7 +606,7 @@ def _add_serve_parsers(bench) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="swiftkv",
         description="SwiftKV: rewire, distil, evaluate and benchmark prefill-skipping transformers models.",
     )
@@ -544,9 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="greedy-generate a reply (SwiftKV checkpoints run as the student)")
     _add_model_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--prompt", required=True, type=non_empty, help="the user message")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap the prompt in the tokenizer's chat template (default: when the tokenizer has one)")
     p.add_argument("--teacher", action="store_true", help="run a SwiftKV checkpoint as its teacher")
     p.set_defaults(func=cmd_generate)
 
@@ -557,12 +647,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "of SwiftKV students with l = round(L * fraction), warm-up then interleaved repeats. MODEL may also be a "
                          "config JSON (e.g. config/models/llama-3.1-8b-instruct.json): random weights, no hub needed.")
     _add_model_args(p, dtype="auto")
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048], help="prompt lengths in tokens")
-    p.add_argument("--fractions", type=float, nargs="+", default=[0.5, 0.25],
-                   help="kept fraction of layers for each student (0.5 -> l = L/2)")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048], help="prompt lengths in tokens")
+    p.add_argument("--fractions", type=unit_fraction, nargs="+", default=[0.5, 0.25],
+                   help="kept fraction of layers for each student, in (0, 1] (0.5 -> l = L/2)")
+    p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
@@ -641,13 +731,13 @@ def build_parser() -> argparse.ArgumentParser:
         "layer >= l). Data: conversations rendered with the chat template, packed with attention separation. Writes "
         "a SwiftKV checkpoint (Snowflake format) with train_log.jsonl and distill.json beside it; checkpoints go to "
         "OUTPUT.ckpt/ while it runs (--resume continues from there).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_model_args(p)
     p.add_argument("--output", "-o", required=True, help="output directory (written atomically at the end)")
     g = p.add_argument_group("student (from the variants sheet, or explicit; explicit flags win)")
     g.add_argument("--variant", help="row of the variants sheet, e.g. swiftkv-50")
-    g.add_argument("--variants", default="config/variants.tsv", help="variants sheet (TSV)")
+    g.add_argument("--variants", default="config/variants.tsv",
+                   help="variants sheet (TSV; default config/variants.tsv)")
     g.add_argument("--model-id", help="the model's id in the sheet (default: MODEL)")
     g.add_argument("--num-key-value-layers", "-l", type=int, help="l: layers that keep their own K/V")
     g.add_argument("--key-value-group-size", "-g", type=int, help="g: AcrossKV group size")
@@ -692,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = bb.add_parser("extract", help="copy the task.json of the named tasks out of the sdist (only those)")
     p.add_argument("--tarball", required=True)
     p.add_argument("--tasks", nargs="+", required=True, help="task names, e.g. physics goal_step_wikihow/step_inference")
-    p.add_argument("--output", required=True, help="folder for <task>/task.json")
+    p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
     p.set_defaults(func=cmd_bigbench_extract)
     p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
                       description="Each example goes to the selection or the report split by a hash of the example; "
@@ -701,7 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="+", required=True)
     p.add_argument("--selection-examples", type=int, default=None, help="examples per task in the selection split")
     p.add_argument("--report-examples", type=int, default=None, help="examples per task in the report split")
-    p.add_argument("--output", required=True, help="output folder (manifest.json, selection/, report/)")
+    p.add_argument("--output", "-o", required=True, help="output folder (manifest.json, selection/, report/)")
     p.set_defaults(func=cmd_bigbench_build)
 
     p = sub.add_parser("heldout-ppl-task", help="lm-eval perplexity task over held-out ShareGPT (chat template)")
@@ -711,7 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=512, help="each conversation is cut to this many tokens")
     p.add_argument("--conversations", type=int, default=0,
                    help="also save the first N held-out conversations (conversations.jsonl) for swiftkv eval --heldout")
-    p.add_argument("--output", required=True, help="output folder (task YAML, JSONL, manifest.json)")
+    p.add_argument("--output", "-o", required=True, help="output folder (task YAML, JSONL, manifest.json)")
     p.set_defaults(func=cmd_heldout_ppl_task)
 
     p = sub.add_parser("eval", help="lm-eval tasks (+ teacher fidelity) for a base model or a SwiftKV checkpoint",
@@ -772,7 +862,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_vllm)
 
+    _add_overwrite_flags(parser)
     return parser
+
+
+def _add_overwrite_flags(parser: argparse.ArgumentParser) -> None:
+    """Give every command that writes an output ``--overwrite`` (see swiftkv.io for what it permits)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_overwrite_flags(child)
+    func = parser.get_default("func")
+    if func is not None and (func.__name__ in OUTPUT_KINDS or func.__name__ == "cmd_prepare_model"):
+        parser.add_argument("--overwrite", action="store_true",
+                            help="replace an existing output that swiftkv did not write (never the working "
+                            "directory, its ancestors, a repository, your home, or a symbolic link)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -780,12 +884,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_outputs(args)
+        check_inputs(args)
         args.func(args)
     except SwiftKVError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except OSError as err:  # a missing input, an unwritable place, a full disk: one line, not a traceback
+        where = f": {err.filename}" if err.filename else ""
+        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

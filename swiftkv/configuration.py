@@ -2,12 +2,23 @@
 
 Kept apart from the model classes (``swiftkv/models``, written against one transformers version) so that other
 runtimes — the vLLM plugin, whose venv pins an older transformers — can read SwiftKV checkpoints' ``config.json``.
+
+Every ``config.json`` these classes write carries transformers 5.x's ``rope_parameters`` and ``dtype`` *and* the keys
+transformers 4.x reads instead (``rope_theta``, ``rope_scaling``, ``torch_dtype``): Snowflake's training code pins
+transformers 4.x, which ignores ``rope_parameters`` and would silently use ``rope_theta = 10000`` and no llama3
+scaling. transformers 5.x turns the 4.x keys back into the same ``rope_parameters``, so one checkpoint loads
+identically under both.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config
 
+from swiftkv import _autoregister
 from swiftkv.errors import SwiftKVError
 
 SWIFTKV_CONFIG_KEYS = ("swiftkv", "num_key_value_layers", "key_value_group_size")
@@ -45,7 +56,56 @@ def init_swiftkv_config_fields(config) -> None:
         config.key_value_group_size = 1
 
 
-class LlamaSwiftKVConfig(LlamaConfig):
+def transformers4_config_keys(config_dict: dict) -> dict:
+    """The keys transformers 4.x reads for what a 5.x config dict holds in ``rope_parameters`` and ``dtype``.
+
+    - ``rope_theta``: the base frequency (4.x defaults to 10000 without it);
+    - ``rope_scaling``: ``None`` for plain RoPE, else ``rope_parameters`` without ``rope_theta`` (4.x's form, e.g.
+      ``{"rope_type": "llama3", "factor": 8.0, ...}``), which 5.x merges back with ``rope_theta`` on load;
+    - ``torch_dtype``: the name 4.x before 4.56 reads for ``dtype``.
+
+    RoPE parameters nested per layer type have no 4.x form and are left out (none of our families has them).
+    """
+    keys = {}
+    rope = config_dict.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        keys["rope_theta"] = rope["rope_theta"]
+        scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        keys["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    if config_dict.get("dtype") is not None:
+        keys["torch_dtype"] = config_dict["dtype"]
+    return keys
+
+
+def add_transformers4_keys(config_json: str | os.PathLike) -> None:
+    """Add the transformers 4.x keys to a ``config.json`` written by transformers 5.x (for base models)."""
+    path = Path(config_json)
+    config = json.loads(path.read_text())
+    config.update(transformers4_config_keys(config))
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+class SwiftKVConfigMixin:
+    """What the SwiftKV configs share (listed first in the bases): l and g defaults and checks after init, and a
+    ``config.json`` that transformers 4.x reads correctly too.
+
+    The 4.x keys are added to the JSON text (``to_json_string`` is what ``save_pretrained`` and ``to_json_file``
+    write), not to ``to_dict()``: that stays the 5.x view, and 5.x's diff serialiser would otherwise read the
+    deprecated ``torch_dtype`` property and warn on every save and load.
+    """
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        init_swiftkv_config_fields(self)
+        validate_swiftkv_config(self)
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        config = json.loads(super().to_json_string(use_diff=use_diff))
+        config.update(transformers4_config_keys(config))
+        return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
     model_type = "llama_swiftkv"
 
     # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
@@ -53,13 +113,8 @@ class LlamaSwiftKVConfig(LlamaConfig):
     num_key_value_layers: int | None = None
     key_value_group_size: int | None = None
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
-
-class MistralSwiftKVConfig(MistralConfig):
+class MistralSwiftKVConfig(SwiftKVConfigMixin, MistralConfig):
     model_type = "mistral_swiftkv"
 
     # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
@@ -67,24 +122,14 @@ class MistralSwiftKVConfig(MistralConfig):
     num_key_value_layers: int | None = None
     key_value_group_size: int | None = None
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
-
-class Qwen2SwiftKVConfig(Qwen2Config):
+class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     model_type = "qwen2_swiftkv"
 
     # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
     swiftkv: bool = False
     num_key_value_layers: int | None = None
     key_value_group_size: int | None = None
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        init_swiftkv_config_fields(self)
-        validate_swiftkv_config(self)
 
 
 SWIFTKV_CONFIGS: tuple[type, ...] = (LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig)
@@ -94,3 +139,7 @@ def register_configs() -> None:
     """Register the SwiftKV configs with ``AutoConfig`` (idempotent)."""
     for config_class in SWIFTKV_CONFIGS:
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+
+
+register_configs()  # importing the configs makes them known to AutoConfig (swiftkv._autoregister)
+_autoregister.done(__name__)

@@ -148,3 +148,24 @@ def _set_by_name(root: nn.Module, dotted: str, buf: torch.Tensor) -> None:
         mod = getattr(mod, p)
     persistent = leaf not in getattr(mod, "_non_persistent_buffers_set", set())
     mod.register_buffer(leaf, buf, persistent=persistent)
+
+
+def save_model_dir(model, tokenizer, output, files: dict | None = None, overwrite: bool = False,
+                   what: str = "checkpoint") -> None:
+    """``save_pretrained`` (Snowflake's format for SwiftKV models) + tokenizer + extra ``files`` (name -> text or
+    a Path to copy) as one atomic directory write (``swiftkv.io.atomic_dir``: refuses a directory it did not write
+    unless ``overwrite``)."""
+    import shutil
+    from pathlib import Path
+
+    from swiftkv.io import atomic_dir
+
+    with atomic_dir(output, overwrite=overwrite, what=what) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, content in (files or {}).items():
+            if isinstance(content, Path):
+                shutil.copyfile(content, tmp / name)
+            else:
+                (tmp / name).write_text(content)

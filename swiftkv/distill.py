@@ -24,18 +24,14 @@ teacher wherever it will be run, and prompts are most of what SwiftKV serves.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -331,7 +327,7 @@ def save_checkpoint(path: Path, pair: DistillModel, optimizer, scheduler, state:
         "scheduler": scheduler.state_dict(),
         **state,
     }
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite=True) as tmp:  # our own scratch file in our checkpoint directory
         torch.save(payload, tmp)
 
 
@@ -343,29 +339,6 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
         logger.warning("ignoring %s: it was made with other settings; starting from the beginning", path)
         return None
     return payload
-
-
-def _save_final(output: Path, model, tokenizer, files: dict[str, Any]) -> None:
-    """save_pretrained (Snowflake format) + tokenizer + extra files into a temp dir, then one rename."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        for name, content in files.items():
-            if isinstance(content, Path):
-                shutil.copyfile(content, tmp / name)
-            else:
-                (tmp / name).write_text(content)
-        for p in [tmp, *tmp.iterdir()]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 # -- the training run --------------------------------------------------------------------------------------------
@@ -395,6 +368,7 @@ def train(
     progress: bool = True,
     interrupt_after: int | None = None,
     extra_summary: dict | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary."""
     from accelerate import Accelerator
@@ -404,12 +378,16 @@ def train(
 
     from swiftkv.bench import fast_dtype
     from swiftkv.cache import expected_cache_bytes
+    from swiftkv.convert import save_model_dir
     from swiftkv.data import collate_packs
+    from swiftkv.io import MARKER, check_output_dir, mark_dir, remove_own_files
 
     settings.validate()
     started = time.perf_counter()
-    output = Path(output)
+    # before any work: the output and the checkpoint directory must be ours to (re)write
+    output = check_output_dir(output, overwrite)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else output.with_name(output.name + ".ckpt")
+    check_output_dir(ckpt_dir, overwrite)
     fingerprint = settings.fingerprint(model_name)
     if cpu is None:
         cpu = not torch.cuda.is_available()
@@ -453,8 +431,14 @@ def train(
 
     start_step, tokens_seen, train_seconds = 0, 0, 0.0
     payload = load_checkpoint(ckpt_dir / CHECKPOINT_FILE, fingerprint) if (resume and settings.train) else None
-    if payload is None and main:  # a fresh start: a stale checkpoint must not be resumed with this run's log later
-        (ckpt_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
+    if resume and settings.train and payload is None and not (ckpt_dir / CHECKPOINT_FILE).is_file():
+        logger.warning("--resume: nothing to resume in %s (no %s); starting from the beginning",
+                       ckpt_dir, CHECKPOINT_FILE)
+    if main:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        mark_dir(ckpt_dir, "distillation checkpoints (removed when the run ends)")
+        if payload is None:  # a fresh start: a stale checkpoint must not be resumed with this run's log later
+            (ckpt_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     if payload is not None:
         with torch.no_grad():
             for name, p in trainable_parameters(raw).items():
@@ -542,8 +526,8 @@ def train(
         files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
         if (ckpt_dir / LOG_FILE).exists():
             files[LOG_FILE] = ckpt_dir / LOG_FILE
-        _save_final(output, model, tokenizer, files)
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        save_model_dir(model, tokenizer, output, files=files, overwrite=overwrite, what="distilled checkpoint")
+        remove_own_files(ckpt_dir, [CHECKPOINT_FILE, LOG_FILE, MARKER])
     accelerator.wait_for_everyone()
     return summary
 
@@ -571,4 +555,5 @@ def run_from_cli(args, settings: DistillSettings) -> dict:
         mixed_precision=args.mixed_precision,
         progress=not args.no_progress,
         extra_summary={"variant": args.variant, "source_report": source},
+        overwrite=args.overwrite,
     )

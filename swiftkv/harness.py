@@ -13,9 +13,30 @@ Without this module, the same one line is ``python -c "import swiftkv; from lm_e
 cli_evaluate; cli_evaluate()" <lm_eval arguments>``.
 """
 
-import swiftkv  # noqa: F401  (transformers: SwiftKV model types)
-import swiftkv.evaluate  # noqa: F401  (lm-eval: model "swiftkv")
-from lm_eval.__main__ import cli_evaluate
+import sys
+
+import swiftkv
+
+
+def shadowing_folder(module) -> str | None:
+    """The folder that ``import swiftkv`` picked up instead of the package, or None when it got the package.
+
+    ``python -m`` puts the working directory first on ``sys.path``: a folder named ``swiftkv`` there (e.g. a clone of
+    this repository) is imported as an empty namespace package, which registers nothing."""
+    if getattr(module, "__file__", None) is None:
+        return ", ".join(getattr(module, "__path__", [])) or "a folder named swiftkv"
+    return None
+
 
 if __name__ == "__main__":
+    shadow = shadowing_folder(swiftkv)
+    if shadow:
+        print(f"error: 'import swiftkv' found the folder {shadow} in the working directory instead of the installed "
+              "package, so no SwiftKV model type is registered; run this command from another directory (or from "
+              "inside the checkout)", file=sys.stderr)
+        sys.exit(2)
+    swiftkv.register()  # transformers: SwiftKV model types
+    import swiftkv.evaluate  # noqa: F401  (lm-eval: model "swiftkv")
+    from lm_eval.__main__ import cli_evaluate
+
     cli_evaluate()

@@ -1,36 +1,307 @@
-"""Atomic output: write to a temporary file beside the target, then rename, so nothing is left half-written."""
+"""Safe, atomic output: the one writer for files and directories that every command and rule uses.
+
+Two promises:
+
+1. **Nothing half-written.** A file or directory is built under a temporary name beside its target and renamed into
+   place only when it is complete; an interrupted or failed write leaves the target as it was.
+2. **Nothing lost.** A target this package did not write is refused with one line (``OutputRefused``, exit 2 from
+   the CLI), untouched, unless the caller passes ``overwrite=True`` (the CLI's ``--overwrite``):
+
+   - a directory is ours when it is empty or carries the marker ``.swiftkv-output.json`` that this module writes
+     into every directory it produces (or the layout of an earlier version's output: a prepared model's
+     ``swiftkv-source.json``, a distilled checkpoint's ``distill.json``);
+   - a file is ours when it is empty or has the layout of the new output: JSON objects sharing at least half of the
+     existing file's top-level keys, the same first line for CSV / TSV / Markdown, the same image type for figures.
+     That is only known once the new output exists, so when a finished output meets a foreign file, the output
+     is kept beside it (``NAME.swiftkv-new.SUFFIX``) and the error says so: hours of work are not thrown away.
+
+   Some paths are never removed, ``overwrite`` or not: ``/``, the home directory, the working directory and its
+   ancestors, a git repository (a directory holding ``.git``), and anything through a symbolic link (a link as the
+   target is refused: give the real path).
+
+Files get mode ``0o666 & ~umask``, directories ``0o777 & ~umask`` (``tempfile`` would leave them owner-only).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from swiftkv.errors import SwiftKVError
+
+MARKER = ".swiftkv-output.json"
+LEGACY_MARKERS = ("swiftkv-source.json", "distill.json")  # outputs written before the marker existed
+_SAME_FIRST_LINE = {".csv", ".tsv", ".md", ".yaml", ".yml"}
+_IMAGE_MAGIC = {".png": b"\x89PNG", ".pdf": b"%PDF", ".svg": b"<"}
+
+
+class OutputRefused(SwiftKVError):
+    """A target exists and may not be replaced (not ours, protected, a link, or the wrong kind)."""
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fix_modes(path: Path) -> None:
+    """Give ``path`` (and, for a directory, everything below it) the modes a plain ``open``/``mkdir`` would."""
+    mask = _umask()
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            os.chmod(root, 0o777 & ~mask)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o666 & ~mask)
+    else:
+        os.chmod(path, 0o666 & ~mask)
+
+
+def _protected_reason(path: Path) -> str | None:
+    """Why ``path`` may never be removed or replaced, or None."""
+    real = path.resolve()
+    if real == Path(real.anchor):
+        return "it is the file-system root"
+    with contextlib.suppress(RuntimeError, KeyError):
+        if real == Path.home().resolve():
+            return "it is your home directory"
+    cwd = Path.cwd().resolve()
+    if real == cwd:
+        return "it is the working directory"
+    if real in cwd.parents:
+        return "it contains the working directory"
+    if (real / ".git").exists():
+        return "it is a git repository"
+    return None
+
+
+def _check_common(path: Path, kind: str) -> None:
+    if path.is_symlink():
+        raise OutputRefused(f"{path} is a symbolic link; swiftkv never writes or removes through a link: "
+                            "give the real path or remove the link")
+    if path.exists() or path.is_symlink():
+        reason = _protected_reason(path)
+        if reason:
+            raise OutputRefused(f"refusing to replace {path}: {reason}; give a new {kind} path")
+    _check_writable_parent(path)
+
+
+def _check_writable_parent(path: Path) -> None:
+    """The nearest existing ancestor must be a writable directory (where the temporary output goes)."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        if parent.is_symlink():  # a dangling link on the way
+            raise OutputRefused(f"cannot create {path}: {parent} is a broken symbolic link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputRefused(f"cannot create {path}: {parent} is a file, not a directory")
+    try:  # a real probe: os.access says yes to root even on read-only or special file systems
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".swiftkv-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputRefused(f"cannot write {path}: {parent} is not writable ({err.strerror}); choose a writable "
+                            "location") from None
+
+
+def is_own_dir(path: Path) -> bool:
+    """True for an empty directory or one this package wrote (marker or an earlier version's layout)."""
+    if not path.is_dir():
+        return False
+    names = set(os.listdir(path))
+    return not names or MARKER in names or any(m in names for m in LEGACY_MARKERS)
+
+
+def check_output_dir(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Raise ``OutputRefused`` (one line) unless ``path`` may be written as a directory; return it as a Path.
+
+    Call it before long work, so that a bad output path fails in a second instead of after the run."""
+    path = Path(path)
+    _check_common(path, "directory")
+    if path.exists() and not overwrite:
+        if not path.is_dir():
+            raise OutputRefused(f"{path} exists and is a file, not a directory; choose another output path "
+                                "(or pass --overwrite to replace the file)")
+        if not is_own_dir(path):
+            raise OutputRefused(f"{path} exists and was not written by swiftkv (no {MARKER}); choose a new output "
+                                "directory, or pass --overwrite to replace it")
+    return path
+
+
+def check_output_file(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Raise ``OutputRefused`` unless ``path`` may be written as a file (it is not a directory, a link, or a file
+    that cannot hold this kind of output); return it as a Path. Call it before long work."""
+    path = Path(path)
+    _check_common(path, "file")
+    if path.is_dir():
+        raise OutputRefused(f"{path} is a directory; give a file path for this output")
+    if path.exists() and not overwrite and not _could_be_ours(path):
+        raise OutputRefused(f"{path} exists and is not a swiftkv {path.suffix or 'output'} file; choose another "
+                            "output path, or pass --overwrite to replace it")
+    return path
+
+
+def _could_be_ours(path: Path) -> bool:
+    """Before the new output exists: could ``path`` have been written by us (right format for its suffix)?"""
+    if path.stat().st_size == 0:
+        return True
+    suffix = path.suffix.lower()
+    try:
+        head = path.open("rb").read(1 << 16)
+        if suffix in _IMAGE_MAGIC:
+            return head.startswith(_IMAGE_MAGIC[suffix])
+        text = head.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if suffix == ".json":
+        try:
+            return isinstance(json.loads(path.read_text()), (dict, list))
+        except (ValueError, OSError):
+            return False
+    return suffix in _SAME_FIRST_LINE | {".jsonl", ".txt", ".html"} and "\x00" not in text
+
+
+def _same_layout(existing: Path, new: Path) -> bool:
+    """After the new output exists: does the existing file look like an earlier version of it?"""
+    if existing.stat().st_size == 0:
+        return True
+    suffix = existing.suffix.lower()
+    try:
+        if suffix in _IMAGE_MAGIC:
+            return existing.open("rb").read(8)[:4] == new.open("rb").read(8)[:4]
+        if suffix in (".json", ".jsonl"):
+            def first(p: Path) -> Any:
+                text = p.read_text()
+                return json.loads(text.splitlines()[0] if suffix == ".jsonl" and text else text)
+
+            old, cur = first(existing), first(new)
+            if isinstance(old, dict) and isinstance(cur, dict):
+                shared = len(set(old) & set(cur))
+                return shared >= 1 and 2 * shared >= len(old)
+            return isinstance(old, list) and isinstance(cur, list)
+        if suffix in _SAME_FIRST_LINE:
+            def line(p: Path) -> str:
+                with p.open() as f:
+                    return f.readline()
+
+            return line(existing) == line(new)
+        return existing.read_bytes() == new.read_bytes()
+    except (OSError, ValueError, UnicodeDecodeError, IndexError):
+        return False
+
+
+def _free_sibling(path: Path, tag: str) -> Path:
+    stem, suffix = path.name[: len(path.name) - len(path.suffix)], path.suffix
+    for i in range(1000):
+        candidate = path.with_name(f"{stem}.{tag}{'' if i == 0 else f'-{i}'}{suffix}")
+        if not candidate.exists() and not candidate.is_symlink():
+            return candidate
+    raise OutputRefused(f"no free name beside {path} to keep the new output; clean up {path.parent}")
+
+
+def _swap_into_place(tmp: Path, target: Path) -> None:
+    """Rename ``tmp`` to ``target``; an existing ``target`` (already checked) is moved aside first, then removed."""
+    if not (target.exists() or target.is_symlink()):
+        os.replace(tmp, target)
+        return
+    if not target.is_dir():
+        os.replace(tmp, target)  # a file: one atomic rename
+        return
+    aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+    os.rmdir(aside)
+    os.rename(target, aside)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        os.rename(aside, target)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path``, on error it is removed."""
-    path = Path(path)
+def atomic_path(path: str | os.PathLike, suffix: str = "", overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary file path beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    ``path`` is checked first (``check_output_file``); if it turns out to be a foreign file once the output is
+    complete, the output is kept beside it and ``OutputRefused`` says where."""
+    path = check_output_file(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or path.suffix)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or path.suffix)
     os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        yield tmp
+        _fix_modes(tmp)
+        check_output_file(path, overwrite)  # again: the file system may have changed while we worked
+        if path.exists() and not overwrite and not _same_layout(path, tmp):
+            kept = _free_sibling(path, "swiftkv-new")
+            os.replace(tmp, kept)
+            raise OutputRefused(f"{path} exists and is not an earlier swiftkv output of this kind; left it untouched "
+                                f"and wrote the new output to {kept} (rename it, or rerun with --overwrite)")
+        _swap_into_place(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    with atomic_path(path) as tmp:
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, overwrite: bool = False, what: str = "output") -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; when the block ends without error it gets the marker and
+    replaces ``path`` (checked with ``check_output_dir`` before and after); on error it is removed."""
+    path = check_output_dir(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        yield tmp
+        mark_dir(tmp, what)
+        _fix_modes(tmp)
+        check_output_dir(path, overwrite)
+        _swap_into_place(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def open_output_dir(path: str | os.PathLike, overwrite: bool = False, what: str = "output") -> Path:
+    """A directory that outputs are added to file by file (each written atomically): checked like
+    ``check_output_dir``, created if missing, and marked as ours; returns it."""
+    path = check_output_dir(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    if not (path / MARKER).exists():
+        mark_dir(path, what)
+    return path
+
+
+def mark_dir(directory: str | os.PathLike, what: str) -> None:
+    """Write the marker that tells later runs this directory is ours (``what``: a few words on its content)."""
+    from swiftkv import __version__
+
+    Path(directory, MARKER).write_text(json.dumps({"written_by": "swiftkv", "version": __version__,
+                                                   "what": what}) + "\n")
+
+
+def remove_own_files(directory: str | os.PathLike, names: list[str]) -> None:
+    """Delete the named files this package put into ``directory``, then the directory if that left it empty.
+
+    For scratch directories a user may name (``--checkpoint-dir``): never a recursive delete."""
+    directory = Path(directory)
+    if directory.is_symlink() or not directory.is_dir():
+        return
+    for name in names:
+        (directory / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()  # only if empty
+
+
+def write_json(path: str | os.PathLike, obj: Any, overwrite: bool = False) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
+def write_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> None:
+    with atomic_path(path, overwrite=overwrite) as tmp:
         tmp.write_text(text)

@@ -2,41 +2,50 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 from pathlib import Path
-
-import torch
+from urllib.parse import urlparse
 
 from swiftkv.assets import EMBEDDED_MODELS, model_dir
 from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+# dtype names -> torch attribute names (torch is imported only when a model loads: the checks below are instant)
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
 
 
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+def parse_dtype(name):
+    """A dtype name (or a torch.dtype, or None) -> torch.dtype (or None)."""
+    import torch
+
     if name is None or isinstance(name, torch.dtype):
         return name
     try:
-        return DTYPES[name]
+        return getattr(torch, DTYPES[name])
     except KeyError:
         raise SwiftKVError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
 def resolve_model(name: str, resources: str | os.PathLike | None = None) -> str:
-    """Embedded id -> its prepared directory; an existing directory -> itself; anything else -> a hub id, as is."""
+    """Embedded id -> its prepared directory; an existing directory -> itself (checked: ``check_model_dir``);
+    anything else -> a hub id, as is."""
     if name in EMBEDDED_MODELS:
         path = model_dir(name, resources)
         if not (path / "config.json").is_file():
             raise SwiftKVError(f"embedded model {name} is not prepared yet; run: swiftkv prepare-model {name}")
+        check_model_dir(path)
         return str(path)
     if Path(name).is_dir():
-        if not (Path(name) / "config.json").is_file():
-            raise SwiftKVError(f"{name} is a directory without config.json; point at a saved transformers model")
+        check_model_dir(Path(name))
         return name
+    if Path(name).exists():
+        raise SwiftKVError(f"{name} is a file; point at a model directory (with config.json), an embedded id "
+                           f"({', '.join(EMBEDDED_MODELS)}) or a hub id owner/name")
     if name.count("/") != 1 or name.startswith((".", "/")):
         raise SwiftKVError(
             f"model {name!r} is neither an embedded id ({', '.join(EMBEDDED_MODELS)}), a model directory, "
@@ -45,9 +54,81 @@ def resolve_model(name: str, resources: str | os.PathLike | None = None) -> str:
     return name  # hub id: loaded the normal way where a hub is reachable
 
 
+def check_model_dir(path: Path) -> None:
+    """One clear line for a damaged model directory: config.json missing or not a JSON object with a model_type,
+    a safetensors file that is truncated or not safetensors (read from the header: cheap)."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise SwiftKVError(f"{path} is a directory without config.json; point at a saved transformers model")
+    try:
+        values = json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SwiftKVError(f"{config} is not valid JSON ({err}); the checkpoint is damaged: re-create it "
+                           "(swiftkv convert / distill) or restore the file") from None
+    if not isinstance(values, dict) or "model_type" not in values:
+        raise SwiftKVError(f"{config} has no model_type; it is not a transformers model config")
+    from safetensors import SafetensorError, safe_open
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise SwiftKVError(f"{weights} is damaged ({str(err).splitlines()[0]}); re-create the checkpoint "
+                               "(swiftkv convert / distill) or copy the file again") from None
+
+
+def local_config(name: str, resources: str | os.PathLike | None = None) -> dict | None:
+    """The (checked) config.json of a local or embedded model as a dict; None for a hub id (known once loaded)."""
+    source = resolve_model(name, resources)
+    return json.loads((Path(source) / "config.json").read_text()) if Path(source).is_dir() else None
+
+
+def check_student_shape(name: str, resources, num_key_value_layers: int | None, key_value_group_size: int | None,
+                        key_value_heads: int | None = None) -> None:
+    """l, g (and MQA heads) against the model's config.json before any weights load: one line if they do not fit."""
+    from types import SimpleNamespace
+
+    from swiftkv.configuration import validate_swiftkv_config
+
+    config = local_config(name, resources)
+    if config is None or num_key_value_layers is None:
+        return
+    validate_swiftkv_config(SimpleNamespace(
+        num_hidden_layers=config["num_hidden_layers"], num_key_value_layers=num_key_value_layers,
+        key_value_group_size=key_value_group_size or 1, swiftkv_key_value_heads=key_value_heads,
+        num_attention_heads=config.get("num_attention_heads"),
+        num_key_value_heads=config.get("num_key_value_heads") or config.get("num_attention_heads")))
+
+
+def require_swiftkv_checkpoint(name: str, resources: str | os.PathLike | None, option: str) -> None:
+    """One line, before any loading, when ``option`` (e.g. --teacher) is given for a model that is not a SwiftKV
+    checkpoint (local directories and embedded ids; a hub id is checked once it is loaded)."""
+    config = local_config(name, resources)
+    if config is None:
+        return
+    model_type = config.get("model_type", "")
+    if not model_type.endswith("_swiftkv"):
+        raise SwiftKVError(f"{option} needs a SwiftKV checkpoint; {name} is a {model_type} model, which always runs "
+                           f"as itself (drop {option})")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """False when the hub is switched off (HF_HUB_OFFLINE) or its host cannot be reached within ``timeout``:
+    checked once, so that an offline machine gets one line at once instead of retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
 def load_model(
     name: str,
-    dtype: str | torch.dtype | None = "float32",
+    dtype="float32",
     resources: str | os.PathLike | None = None,
     attn_implementation: str | None = None,
     **kwargs,
@@ -60,15 +141,20 @@ def load_model(
     extra = dict(kwargs)
     if attn_implementation:
         extra["attn_implementation"] = attn_implementation
+    hub = source == name and not Path(name).is_dir()
+    if hub and not hub_reachable():
+        extra["local_files_only"] = True  # offline: only a copy in the local cache can load
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype), **extra)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, **{k: v for k, v in extra.items() if k == "local_files_only"})
     except OSError as err:
-        if source == name and not Path(name).is_dir():
+        if hub:
+            why = "the hub is unreachable and it is not in the local cache" if extra.get("local_files_only") else \
+                str(err).splitlines()[0]
             raise SwiftKVError(
-                f"could not load {name!r} from the hub ({str(err).splitlines()[0]}); "
-                "without a hub, use an embedded model or a local directory"
+                f"could not load {name!r} from the hub ({why}); without a hub, use an embedded model or a local "
+                "directory"
             ) from None
-        raise
+        raise SwiftKVError(f"could not load the model in {source}: {str(err).splitlines()[0]}") from None
     model.eval()
     return model, tokenizer

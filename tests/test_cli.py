@@ -86,7 +86,8 @@ def test_distill_end_to_end_on_a_tiny_model(tmp_path, capsys):
     tiny_tokenizer().save_pretrained(tmp_path / "m")
     out = tmp_path / "out"
     assert main(["distill", str(tmp_path / "m"), "-l", "2", "-g", "2", "--tokens", "256", "--max-length", "64",
-                 "--heldout-tokens", "64", "--no-progress", "--threads", "1", "-o", str(out)]) == 0
+                 "--heldout-tokens", "64", "--no-progress", "--threads", "1", "--mixed-precision", "no",
+                 "-o", str(out)]) == 0
     assert "held-out KL" in capsys.readouterr().out
     summary = json.loads((out / "distill.json").read_text())
     assert summary["train_tokens"] == 256 and summary["settings"]["key_value_group_size"] == 2
@@ -107,3 +108,43 @@ def test_bench_distill_random_weights(tmp_path):
     result = json.loads(out.read_text())
     assert [r["step"] for r in result["results"]] == ["shared", "naive", "forward"]
     assert all(r["tok_per_s"] > 0 and r["tokens"] == 64 for r in result["results"])
+
+
+@pytest.fixture
+def tiny_chat_model(tmp_path):
+    from tests.conftest import tiny_base, tiny_tokenizer
+
+    tiny_base().save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
+def test_generate_uses_the_chat_template_by_default(tiny_chat_model, capsys):
+    replies = {}
+    for flag in ("--chat", None, "--no-chat"):
+        args = ["generate", tiny_chat_model, "--prompt", "w1 w2 w3", "--max-new-tokens", "6"]
+        assert main(args + ([flag] if flag else [])) == 0
+        replies[flag] = capsys.readouterr().out
+    assert replies[None] == replies["--chat"] != replies["--no-chat"]
+
+
+def test_generate_says_when_the_reply_is_empty(tiny_chat_model, capsys, monkeypatch):
+    import transformers
+
+    def eos_only(self, input_ids, **kwargs):  # a model that ends its reply at once
+        import torch
+
+        return torch.cat([input_ids, torch.tensor([[2]])], dim=1)  # 2 = </s> in the tiny tokenizer
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", eos_only)
+    assert main(["generate", tiny_chat_model, "--prompt", "w1"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "" and "empty reply" in out.err
+
+
+def test_distill_help_shows_each_default_once():
+    from swiftkv.distill import DistillSettings
+
+    text = run_cli("distill", "--help").stdout
+    assert "(default: None)" not in text and "(default: False)" not in text  # argparse's own, beside ours
+    assert text.count("(default 3e-4)") == 1 and DistillSettings(num_key_value_layers=1).lr == 3e-4

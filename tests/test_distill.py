@@ -209,6 +209,7 @@ def run(tmp_path, name="out", **kw):
                     checkpoint_every=2, eval_every=3)
     settings = DistillSettings(**{**defaults, **kw.pop("settings", {})})
     kw.setdefault("train_conversations", tiny_conversations(120))
+    kw.setdefault("mixed_precision", "no")  # fp32 on every machine (the default picks bf16 where it is fast)
     return train(tiny_base(num_hidden_layers=4), tiny_tokenizer(), settings, tmp_path / name,
                  heldout_conversations=tiny_conversations(15, 1, "h"), progress=False, **kw)
 
@@ -319,6 +320,27 @@ def test_resume_ignores_a_checkpoint_of_other_settings(tmp_path):
     log = [json.loads(x) for x in (tmp_path / "c" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if r["event"] == "train"][0] == 1  # started over
     assert summary["steps"] == len([r for r in log if r["event"] == "train"])
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="swiftkv.distill"):
+        summary = run(tmp_path, "d", resume=True, settings={"tokens": 300})
+    assert summary["steps"] > 0
+    assert any("nothing to resume" in r.getMessage() for r in caplog.records)
+
+
+def test_checkpoint_dir_of_someone_else_is_refused_and_only_our_files_are_removed(tmp_path):
+    from swiftkv.io import OutputRefused
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "checkpoint.pt").write_text("not ours")
+    with pytest.raises(OutputRefused, match="was not written by swiftkv"):
+        run(tmp_path, "e", checkpoint_dir=theirs, settings={"tokens": 300})
+    assert (theirs / "checkpoint.pt").read_text() == "not ours" and not (tmp_path / "e").exists()
+    scratch = tmp_path / "scratch"
+    run(tmp_path, "f", checkpoint_dir=scratch, settings={"tokens": 300})
+    assert (tmp_path / "f" / "train_log.jsonl").exists() and not scratch.exists()
 
 
 def test_two_epochs_see_every_pack_twice(tmp_path):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from transformers import AutoModelForCausalLM
 
+from swiftkv import _autoregister
 from swiftkv.configuration import LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, register_configs
 from swiftkv.models.llama import LlamaSwiftKVForCausalLM
 from swiftkv.models.mistral import MistralSwiftKVForCausalLM
@@ -40,6 +41,9 @@ def register() -> None:
     for family in FAMILIES.values():
         AutoModelForCausalLM.register(family.config_class, family.model_class, exist_ok=True)
 
+
+register()  # importing the model classes makes them loadable through the Auto classes (swiftkv._autoregister)
+_autoregister.done(__name__)
 
 __all__ = [
     "FAMILIES",

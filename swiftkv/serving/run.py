@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
-from swiftkv.io import write_json
+from swiftkv.io import open_output_dir, write_json
 from swiftkv.serving.variants import parse_variants
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def bench_serve(args) -> dict:
         result.update(_run_hf(args, specs, filters))
     else:
         result.update(_run_vllm(args, specs, filters))
-    write_json(args.output, result)
+    write_json(args.output, result, overwrite=getattr(args, "overwrite", False))
     return result
 
 
@@ -133,14 +133,15 @@ def _run_vllm(args, specs, filters) -> dict:
     if is_config_file(args.model):
         raise SwiftKVError("vLLM needs a model directory or hub id, not a config JSON (random weights are hf-only)")
     dtype = args.dtype if args.dtype != "auto" else str(fast_dtype(args.device)).replace("torch.", "")
-    workdir = Path(args.workdir or Path(args.output).with_suffix("")).resolve()
+    model = resolve_model(args.model, args.resources)  # a bad model fails before anything is written
+    workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), getattr(args, "overwrite", False),
+                              "vLLM raw outputs and logs").resolve()
     settings = VllmSettings(
         command=shlex.split(args.vllm_command), device=args.device, dtype=dtype,
         kv_cache_bytes=int(args.kv_cache_mib * MIB) if args.kv_cache_mib else None, max_model_len=args.max_model_len,
         threads=args.threads, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
         engine_args=shlex.split(args.vllm_args or ""), workdir=str(workdir),
     )
-    model = resolve_model(args.model, args.resources)
     engine = VllmEngine(model, specs, settings)
     info = {"dtype": dtype, "hardware": machine(args.device), "settings": settings_dict(settings),
             "model_path": model}
@@ -167,5 +168,5 @@ def sharegpt_requests(args) -> dict:
     selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
                                 args.max_output_len, args.split, args.seed)
     selection["model"] = args.model
-    write_json(args.output, selection)
+    write_json(args.output, selection, overwrite=getattr(args, "overwrite", False))
     return selection

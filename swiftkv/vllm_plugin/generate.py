@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from swiftkv.io import write_json
     from swiftkv.vllm_plugin import model_stats
 
     with open(args.prompts) as f:
@@ -76,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup_s": startup_s,
         "generate_s": generate_s,
     }
-    tmp = f"{args.output}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, args.output)
+    write_json(args.output, result)
     return 0
 
 

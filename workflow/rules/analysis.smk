@@ -74,7 +74,7 @@ rule compute_simscore:
         cfg=config["simscore"],
     threads: workflow.cores  # forward passes use every core; one model at a time
     shell:
-        "swiftkv simscore {params.source} --name {wildcards.model} --dtype auto --threads {threads}"
+        "swiftkv simscore {params.source} --name {wildcards.model} --dtype {DTYPE} --threads {threads}"
         " --num-sequences {params.cfg[num_sequences]} --max-tokens {params.cfg[max_tokens]}"
         " --seed {params.cfg[seed]} --batch-size {params.cfg[batch_size]}"
         " --outlier-dims {params.cfg[outlier_dims]} --sink-tokens {params.cfg[sink_tokens]}"
@@ -110,7 +110,7 @@ rule bench_forward_time:
         cfg=config["prefill_time"],
     threads: workflow.cores  # a timing job runs alone
     shell:
-        "swiftkv bench prefill {params.source} --dtype auto --threads {threads}"
+        "swiftkv bench prefill {params.source} --dtype {DTYPE} --threads {threads}"
         " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
         " --output {output} > {log} 2>&1"

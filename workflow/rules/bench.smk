@@ -15,7 +15,7 @@ rule bench_prefill:
         cfg=config["bench_prefill"],
     threads: workflow.cores  # a timing job runs alone
     shell:
-        "swiftkv bench prefill {params.source} --dtype auto --threads {threads}"
+        "swiftkv bench prefill {params.source} --dtype {DTYPE} --threads {threads}"
         " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
         " --output {output} > {log} 2>&1"

@@ -31,6 +31,10 @@ def model_input(wildcards):
     return [f"resources/models/{wildcards.model}"] if spec["source"] == "embedded" else []
 
 
+DTYPE = config["dtype"]  # every model run's precision (science, from the profile)
+MIXED_PRECISION = {"auto": "", "float32": "--mixed-precision no", "bfloat16": "--mixed-precision bf16"}[DTYPE]
+
+
 def config_hash():
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -47,23 +51,28 @@ def repo_file(path):
 def load_variants(path):
     """config/variants.tsv as a DataFrame, schema-validated, with the checks a row schema cannot make."""
     path = repo_file(path)
-    sheet = pd.read_csv(
-        path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]}
-    )
-    validate(sheet, "../schemas/variants.schema.yaml")
+    if not path.is_file():
+        stop(f"variants sheet {path} not found (config distill.variants)")
+    try:
+        sheet = pd.read_csv(
+            path, sep="\t", dtype={"kv_heads": "Int64"}, keep_default_na=False, na_values={"kv_heads": [""]}
+        )
+        validate(sheet, "../schemas/variants.schema.yaml")
+    except Exception as err:  # pandas' or the schema's error, reduced to its one informative line
+        lines = [x for x in str(err).splitlines() if x.strip()]
+        why = next((x for x in lines if x.startswith("ValidationError:")), lines[-1] if lines else repr(err))
+        stop(f"{path}: {why.removeprefix('ValidationError: ')}")
     dupes = sheet[sheet.duplicated(["model", "variant"])]
     if len(dupes):
-        raise ValueError(f"{path}: (model, variant) appears twice: {dupes[['model', 'variant']].values.tolist()}")
+        stop(f"{path}: (model, variant) appears twice: {dupes[['model', 'variant']].values.tolist()}")
     for row in sheet.itertuples():
         L = model_layers(row.model)
         if L is None:
             continue  # a model this profile does not know: checked when one of its rows is requested
         l, g = row.num_key_value_layers, row.key_value_group_size
         if not 1 <= l <= L or (L - l) % g:
-            raise ValueError(
-                f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers "
-                "(need 1 <= l <= L and g dividing L - l)"
-            )
+            stop(f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers "
+                 "(need 1 <= l <= L and g dividing L - l)")
     return sheet.set_index(["model", "variant"], drop=False)
 
 
@@ -129,5 +138,5 @@ def bench_distill_args(wildcards):
     row = VARIANTS.loc[(wildcards.model, b["variant"])]
     return (
         f"-l {row.num_key_value_layers} --max-length {b['max_length']} --batches {b['batches']} "
-        f"--warmup {b['warmup']} --repeats {b['repeats']} --data {config['distill']['data']}"
+        f"--warmup {b['warmup']} --repeats {b['repeats']} --data {config['distill']['data']} --dtype {DTYPE}"
     )

@@ -23,7 +23,7 @@ rule distill_swiftkv:
     threads: workflow.cores
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} --threads {threads} --resume -o {output} > {log} 2>&1"
+        "--variants {input.variants} {params.budget} {MIXED_PRECISION} --threads {threads} --resume -o {output} > {log} 2>&1"
 
 
 # The same student trained on a longer budget with frequent held-out evaluations: where does the KL flatten?
@@ -44,7 +44,7 @@ rule distill_swiftkv_curve:
     threads: workflow.cores
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} --threads {threads} --resume -o {output} > {log} 2>&1"
+        "--variants {input.variants} {params.budget} {MIXED_PRECISION} --threads {threads} --resume -o {output} > {log} 2>&1"
 
 
 rule collect_distill:

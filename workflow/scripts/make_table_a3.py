@@ -1,9 +1,10 @@
 """Rule make_table_a3: ShareGPT JSONs -> reports/tableA3.csv (measured rows, then the paper's)."""
 import logging
 
+from analysis.io import write_csv
 from analysis.serving import load_results, paper_table, table_a3
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
 table = table_a3(load_results(snakemake.input), paper_table("tableA3_sharegpt.csv"))
-table.to_csv(snakemake.output[0], index=False, float_format="%.4g")
+write_csv(table, snakemake.output[0], float_format="%.4g")
 logging.info("table A.3: %d rows", len(table))
