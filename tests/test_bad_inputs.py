@@ -105,6 +105,9 @@ CASES = [
          program="snakemake"),
     Case("sheet-missing", [*SNAKE, "{ws}/sheet-missing.yaml", "--", "results/distill/summary.csv"], "not found",
          program="snakemake"),
+    # -- bin/ci-figures replaces its work directory: only one it made itself ----------------------------------------
+    Case("ci-figures-foreign-workdir", ["{ws}/foreign"], "was not made by bin/ci-figures", program="ci-figures"),
+    Case("ci-figures-over-checkout", ["."], "contains this checkout", program="ci-figures"),
     # -- lm-eval's command line through swiftkv.harness ------------------------------------------------------------
     Case("harness-shadowed-by-a-folder", ["--help"], "found the folder", program="harness", cwd="shadow"),
 ]
@@ -185,6 +188,8 @@ def command(case: Case, ws: Path) -> list[str]:
         return [sys.executable, "-m", "swiftkv.cli", *argv]
     if case.program == "snakemake":
         return [sys.executable, "-m", "snakemake", *argv]
+    if case.program == "ci-figures":
+        return ["bash", str(ROOT / "bin" / "ci-figures"), *argv]
     return [sys.executable, "-m", "swiftkv.harness", *argv]
 
 
