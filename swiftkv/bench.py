@@ -156,58 +156,89 @@ class DistillBench:
     temperature: float = 2.0
     warmup: int = 1
     repeats: int = 3
+    chunk_size: int = 1024  # positions per chunk of full-vocabulary logits in the trainer's loss
+
+
+STEPS = ("naive", "shared_prefix", "cached")
 
 
 def bench_distill(base_model, batches: list[dict], settings: DistillBench, progress: bool = True) -> dict:
-    """Time one distillation step (forward, backward, AdamW) two ways on the same batches, interleaved:
+    """Time one distillation step (forward, backward, AdamW) three ways on the same batches, interleaved:
 
-    - ``shared``: the trainer's step (``swiftkv.distill``): layers < l once for teacher and student, no autograd
-      there, chunked loss through the head;
     - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits);
-    - ``forward``: one plain forward of the base model, for scale (no training).
+    - ``shared_prefix``: the trainer's step without a cache: layers < l once for teacher and student (no autograd
+      there), the teacher's layers >= l under no_grad, the chunked loss through the head;
+    - ``cached``: the trainer's step with a teacher cache (``swiftkv.teacher_cache``): only the student's layers
+      >= l and the heads run; the cached values come from one teacher pass over the same batches (timed too:
+      ``cache_build_tokens_per_s``, the rate a cache is built at).
 
     Wall time and process CPU time are both recorded: on a shared machine the CPU time (tokens per CPU-second,
-    times the cores used) says what the step would do with the cores to itself.
+    times the cores used) says what the step would do with the cores to itself. ``loss_max_abs_diff``: the largest
+    difference between the three paths' losses on the same batch with the same weights (before any timing step).
     """
     from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
     from swiftkv.losses import kl_sum
+    from swiftkv.teacher_cache import teacher_states
 
     device = next(base_model.parameters()).device
-    dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature)
+    dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature,
+                           chunk_size=settings.chunk_size)
     student = build_student(base_model, dset)
     pair = DistillModel(student).train()
     head = student.get_output_embeddings()
     params = [p for p in student.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-6)
+    l = settings.num_key_value_layers
 
-    def shared(batch):
-        out = pair(batch["input_ids"], batch["position_ids"])
-        compute_loss(out, batch, head, dset).backward()
+    def build_cache(batch):
+        values = teacher_states(student.model, batch["input_ids"], batch["position_ids"], [l])
+        return {"boundary": values[f"h{l}"], "teacher": values["final"]}
 
-    def naive(batch):
+    student.swiftkv(False)
+    cached = [build_cache(b) for b in batches]  # also a warm-up of the teacher pass
+    student.swiftkv(True)
+
+    def naive_loss(batch, _):
         mask = batch["loss_mask"]
         kw = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)  # packed rows
         with torch.no_grad():
             teacher = student.swiftkv(False)(**kw).logits
         logits = student.swiftkv(True)(**kw).logits
-        (kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()).backward()
+        return kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()
 
-    @torch.no_grad()
-    def forward(batch):  # reference: one plain forward of the base model (what a prefill costs)
-        student.swiftkv(False)(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    def shared_loss(batch, _):
+        return compute_loss(pair(batch["input_ids"], batch["position_ids"]), batch, head, dset)
 
-    steps = {"shared": shared, "naive": naive, "forward": forward}
-    times = {name: [] for name in steps}
-    cpu_times = {name: [] for name in steps}  # process CPU time: the work done, whatever else shares the cores
+    def cached_loss(batch, values):
+        out = pair(batch["input_ids"], batch["position_ids"], values["boundary"], values["teacher"])
+        return compute_loss(out, batch, head, dset)
+
+    losses = {"naive": naive_loss, "shared_prefix": shared_loss, "cached": cached_loss}
+    first = {name: [float(fn(b, c).detach()) for b, c in zip(batches, cached)] for name, fn in losses.items()}
+    loss_diff = max(abs(a - b) for name in STEPS for a, b in zip(first[name], first["shared_prefix"]))
+
+    times = {name: [] for name in STEPS}
+    cpu_times = {name: [] for name in STEPS}  # process CPU time: the work done, whatever else shares the cores
+    build_times = []
     tokens = [int(b["loss_mask"].sum()) for b in batches]
-    bar = tqdm(total=(settings.warmup + settings.repeats) * len(steps) * len(batches), desc="bench distill",
+    bar = tqdm(total=(settings.warmup + settings.repeats) * (len(STEPS) + 1) * len(batches), desc="bench distill",
                disable=not progress)
     for rep in range(settings.warmup + settings.repeats):
-        for name, fn in steps.items():  # interleaved, so drift hits both alike
+        student.swiftkv(False)
+        _sync(device)
+        t0 = time.perf_counter()
+        for batch in batches:  # the cache build, at the same point of the interleaving
+            build_cache(batch)
+            bar.update()
+        _sync(device)
+        student.swiftkv(True)
+        if rep >= settings.warmup:
+            build_times.append(time.perf_counter() - t0)
+        for name in STEPS:  # interleaved, so drift hits every path alike
             _sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
-            for batch in batches:
-                fn(batch)
+            for batch, values in zip(batches, cached):
+                losses[name](batch, values).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 bar.update()
@@ -216,25 +247,32 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
                 times[name].append(time.perf_counter() - t0)
                 cpu_times[name].append(time.process_time() - c0)
     bar.close()
-    student.swiftkv(True)
     rows = []
     for name, ts in times.items():
         row = {"step": name, "tokens": sum(tokens), **summarize(ts)}
         row["tok_per_s"] = sum(tokens) / row["median_s"]
+        row["tok_per_s_q1"] = sum(tokens) / row["q3_s"]  # the slower quartile of times = the lower one of rates
+        row["tok_per_s_q3"] = sum(tokens) / row["q1_s"]
         row["cpu_s_median"] = statistics.median(cpu_times[name])
         row["tok_per_cpu_s"] = sum(tokens) / row["cpu_s_median"]
         rows.append(row)
-    base = statistics.median(times["naive"])
+    by = {r["step"]: r for r in rows}
     for row in rows:
-        row["speedup_vs_naive"] = base / row["median_s"]
+        row["speedup_vs_naive"] = by["naive"]["median_s"] / row["median_s"]
+        row["speedup_vs_shared_prefix"] = by["shared_prefix"]["median_s"] / row["median_s"]
     return {
         "benchmark": "distill_step",
         "num_hidden_layers": base_model.config.num_hidden_layers,
-        "num_key_value_layers": settings.num_key_value_layers,
+        "num_key_value_layers": l,
         "batch_shapes": [list(b["input_ids"].shape) for b in batches],
         "dtype": str(next(base_model.parameters()).dtype).replace("torch.", ""),
         "settings": asdict(settings),
         "hardware": hardware(),
+        "tokens_per_s": {r["step"]: r["tok_per_s"] for r in rows},
+        "cache_build_tokens_per_s": sum(tokens) / statistics.median(build_times),
+        "cache_build": summarize(build_times),
+        "loss_max_abs_diff": loss_diff,
+        "losses": first,
         "results": rows,
     }
 

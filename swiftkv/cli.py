@@ -49,10 +49,10 @@ def non_empty(text: str) -> str:
 # What each command writes (checked before any work, so that a bad path fails in a second, not after the run): a
 # directory (written whole, or one of ours that files are added to) or a file.
 OUTPUT_KINDS = {
-    "cmd_convert": "dir", "cmd_distill": "dir", "cmd_bigbench_build": "dir", "cmd_bigbench_extract": "dir",
-    "cmd_heldout_ppl_task": "dir", "cmd_eval": "dir", "cmd_bench_prefill": "file", "cmd_bench_distill": "file",
-    "cmd_bench_vllm": "file", "cmd_bench_serve": "file", "cmd_bench_sharegpt_requests": "file",
-    "cmd_simscore": "file", "cmd_flops": "file",
+    "cmd_convert": "dir", "cmd_distill": "dir", "cmd_teacher_cache": "dir", "cmd_bigbench_build": "dir",
+    "cmd_bigbench_extract": "dir", "cmd_heldout_ppl_task": "dir", "cmd_eval": "dir", "cmd_bench_prefill": "file",
+    "cmd_bench_distill": "file", "cmd_bench_vllm": "file", "cmd_bench_serve": "file",
+    "cmd_bench_sharegpt_requests": "file", "cmd_simscore": "file", "cmd_flops": "file",
 }
 
 
@@ -78,7 +78,9 @@ def check_inputs(args) -> None:
     from swiftkv.loading import check_student_shape, require_swiftkv_checkpoint, resolve_model
 
     model = getattr(args, "model", None)
-    if model is None or args.func.__name__ == "cmd_prepare_model" or getattr(args, "random_weights", False):
+    # distill checks its model itself, after its settings (a bad variant or option is named first)
+    if model is None or args.func.__name__ in ("cmd_prepare_model", "cmd_distill") or getattr(args, "random_weights",
+                                                                                             False):
         return
     if model.endswith(".json") and os.path.isfile(model):  # a config for random weights (timing only)
         return
@@ -320,6 +322,7 @@ def cmd_distill(args) -> None:
         "key_value_group_size": args.key_value_group_size,
         "key_value_heads": args.kv_heads,
         "loss": args.loss,
+        "loss_positions": args.loss_positions,
         "scope": args.scope,
         "train": False if args.no_train else None,
     }
@@ -342,6 +345,27 @@ def cmd_distill(args) -> None:
         print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "
               f"({summary['train_tokens']} tokens, {summary['train_tok_per_s'] or 0:.0f} tok/s)")
     print(args.output)
+
+
+def cmd_teacher_cache(args) -> None:
+    import torch
+
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.loading import load_model
+    from swiftkv.teacher_cache import build_teacher_cache
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=_resolve_dtype(args.dtype), resources=args.resources)
+    train_convs, heldout_convs = split_conversations(load_conversations(args.data)[0])
+    meta = build_teacher_cache(
+        model, tokenizer, args.output, train_conversations=train_convs, heldout_conversations=heldout_convs,
+        layers=args.layers, data=args.data, seed=args.seed, max_length=args.max_length, tokens=args.tokens,
+        heldout_tokens=args.heldout_tokens, storage_dtype=args.cache_dtype, overwrite=args.overwrite,
+        progress=not args.no_progress)
+    build = meta["build"]
+    print(f"{args.output}: {build['train_tokens']} training tokens at {build['tokens_per_s']:.0f} tok/s, layers "
+          f"{meta['key']['layers']}, {meta['key']['dtype']}")
 
 
 def cmd_bench_distill(args) -> None:
@@ -372,13 +396,19 @@ def cmd_bench_distill(args) -> None:
         packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
         batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
                    for p in packs[: args.batches]]
-    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats)
+    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats,
+                            chunk_size=args.chunk_size)
     result = bench_distill(model, batches, settings)
     result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
     write_json(args.output, result, overwrite=args.overwrite)
     for row in result["results"]:
-        print(f"{row['step']:>8}: {row['tok_per_s']:7.1f} tok/s  (median {row['median_s']:.2f} s for {row['tokens']} "
-              f"tokens, {row['speedup_vs_naive']:.2f}x naive; {row['tok_per_cpu_s']:.1f} tok per CPU-second)")
+        print(f"{row['step']:>13}: {row['tok_per_s']:7.1f} tok/s [{row['tok_per_s_q1']:.1f}, {row['tok_per_s_q3']:.1f}]"
+              f"  (median {row['median_s']:.2f} s for {row['tokens']} tokens; {row['speedup_vs_naive']:.2f}x naive, "
+              f"{row['speedup_vs_shared_prefix']:.2f}x shared_prefix)")
+    print(f"teacher cache build: {result['cache_build_tokens_per_s']:.0f} tok/s; largest loss difference between the "
+          f"paths: {result['loss_max_abs_diff']:.2e}")
+
+
 # -- evaluation (issue 5) ------------------------------------------------------------------------------------------
 
 
@@ -662,10 +692,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill)
-    p = bench.add_parser("distill", help="distillation step tokens/s: shared-prefix step vs naive teacher+student",
+    p = bench.add_parser("distill", help="distillation step tokens/s: naive vs shared-prefix vs teacher-cached step",
                          description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
-                         "two ways in the same process: the trainer's step (layers < l once, chunked loss) and a naive "
-                         "step (full teacher forward + full student forward/backward with all logits).",
+                         "three ways in the same process, interleaved: naive (full teacher forward + full student "
+                         "forward/backward with all logits), shared_prefix (the trainer without a cache: layers < l "
+                         "once, chunked loss) and cached (the trainer with a teacher cache: only the student's layers "
+                         ">= l and the heads); also the rate a teacher cache is built at and the largest loss "
+                         "difference between the paths. JSON keys: tokens_per_s.{naive,shared_prefix,cached}, "
+                         "cache_build_tokens_per_s, loss_max_abs_diff.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_model_args(p, dtype="auto")
     p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
@@ -678,7 +712,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--chunk-size", type=positive_int, default=1024,
+                   help="positions per chunk of full-vocabulary logits in the trainer's loss")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill)
@@ -744,6 +780,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-heads", type=int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")
     g.add_argument("--loss", choices=["kl", "lm", "kl+hidden"], help="kl (default), lm (next-token CE), kl+hidden")
     g.add_argument("--scope", choices=["partial", "full"], help="partial (SwiftKV parts, default) or full (layers >= l)")
+    g.add_argument("--loss-positions", choices=["all", "assistant"],
+                   help="all real tokens (default) or assistant tokens only, still averaged over all positions "
+                   "(Snowflake's current recipe)")
     g.add_argument("--no-train", action="store_true", help="save the converted student untrained (w/o distillation)")
     g = p.add_argument_group("training (paper defaults)")
     g.add_argument("--tokens", type=int, help="training token budget per epoch, 0 = all the data (default 100000)")
@@ -765,12 +804,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
     g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the same settings")
+    g.add_argument("--teacher-cache", help="a teacher cache (swiftkv teacher-cache) for these settings: the teacher's "
+                   "side and the packed data come from it, so a step runs only the student's layers >= l")
     g.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="autocast (default: bf16 where the hardware is fast at it, else none)")
     g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_distill)
+
+    p = sub.add_parser(
+        "teacher-cache", help="the frozen teacher's side of every distillation of a model, computed once",
+        description="One no-grad pass of the teacher (MODEL with SwiftKV off) over the distillation token stream (the "
+        "same packing, order and seed the trainer uses) and the held-out sample; stores, per token, the residual "
+        "stream entering each --layers l (and the last layer) and the final normed hidden state, plus the packed "
+        "stream itself. `swiftkv distill --teacher-cache DIR` then runs only the student's layers >= l per step. "
+        "One cache serves every variant, budget up to --tokens and loss of that seed.")
+    _add_model_args(p)
+    p.add_argument("--layers", type=positive_int, nargs="+", required=True,
+                   help="the l values of the students it will serve (e.g. 22 15 11)")
+    p.add_argument("--tokens", type=positive_int, required=True, help="training tokens (the largest budget served)")
+    p.add_argument("--max-length", type=positive_int, default=2048, help="tokens per packed row (default 2048)")
+    p.add_argument("--heldout-tokens", type=int, default=4096, help="held-out tokens (default 4096, as distill)")
+    p.add_argument("--seed", type=int, default=0, help="data order seed (default 0, as distill)")
+    p.add_argument("--data", choices=["sharegpt", "hub"], default="sharegpt")
+    p.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="storage precision (default float32: the trainer's numbers exactly; bfloat16: half the disk)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.set_defaults(func=cmd_teacher_cache)
 
     # --- evaluation (issue 5) ---
     bb = sub.add_parser("bigbench", help="BIG-bench multiple-choice tasks as offline lm-eval tasks").add_subparsers(

@@ -16,9 +16,13 @@ so the teacher's layers ``>= l`` are kept as a frozen copy.
 
 Data: whole conversations rendered with the chat template, packed into rows of at most ``max_length`` tokens with
 position ids restarting per conversation; transformers builds the attention-separated mask from those position
-ids (no attention crosses conversations). The loss covers every real token of a pack (all positions, as the
-reference distils on all positions of packed samples), not only the assistant's: the student must match the
-teacher wherever it will be run, and prompts are most of what SwiftKV serves.
+ids (no attention crosses conversations). By default the loss covers every real token of a pack (the paper's loss
+and the early-2025 reference trainer's), not only the assistant's: the student must match the teacher wherever it
+will be run, and prompts are most of what SwiftKV serves. ``loss_positions="assistant"`` is Snowflake's current
+recipe: the KL over assistant tokens only, averaged over all positions.
+
+With a teacher cache (``swiftkv.teacher_cache``) steps 1-2 come from disk: the packed data, h_l and the teacher's
+final hidden states were computed once for every variant, and a step runs only 3-4.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 LOSSES = ("kl", "lm", "kl+hidden")
 SCOPES = ("partial", "full")
+LOSS_POSITIONS = ("all", "assistant")
 CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "train_log.jsonl"
 SUMMARY_FILE = "distill.json"
@@ -57,6 +62,7 @@ class DistillSettings:
     key_value_group_size: int = 1
     key_value_heads: int | None = None  # MQA student: KV heads of the SwiftKV K/V (None = unchanged)
     loss: str = "kl"
+    loss_positions: str = "all"  # all real tokens, or only assistant tokens (averaged over all: Snowflake's recipe)
     scope: str = "partial"
     train: bool = True  # False: the "w/o distillation" row (converted student saved untrained)
     temperature: float = 2.0
@@ -82,6 +88,8 @@ class DistillSettings:
             raise SwiftKVError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
         if self.scope not in SCOPES:
             raise SwiftKVError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
+        if self.loss_positions not in LOSS_POSITIONS:
+            raise SwiftKVError(f"unknown loss positions {self.loss_positions!r}; use one of {', '.join(LOSS_POSITIONS)}")
         if self.temperature <= 0:
             raise SwiftKVError(f"temperature must be positive, got {self.temperature}")
         if self.tokens < 0 or self.epochs < 1:
@@ -96,6 +104,8 @@ class DistillSettings:
     def fingerprint(self, model: str) -> str:
         """Hash of what decides the weights (a checkpoint is resumed only by a run with the same fingerprint)."""
         keep = {k: v for k, v in asdict(self).items() if k not in ("eval_every", "checkpoint_every", "heldout_tokens")}
+        if keep["loss_positions"] == "all":  # the default before the option existed: same fingerprint as then
+            del keep["loss_positions"]
         return hashlib.sha256(json.dumps({"model": model, **keep}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -114,15 +124,17 @@ class DistillModel(nn.Module):
     """A SwiftKV model as teacher and student, sharing the layers below l. ``forward`` returns both final hidden
     states; the LM head stays outside (the chunked losses apply it)."""
 
-    def __init__(self, model: nn.Module, scope: str = "partial", keep_pre_last: bool = False):
+    def __init__(self, model: nn.Module, scope: str = "partial", keep_pre_last: bool = False,
+                 teacher_cached: bool = False):
         super().__init__()
         self.model = model
         self.keep_pre_last = keep_pre_last
         cfg = model.config
         self.l, self.L = cfg.num_key_value_layers, cfg.num_hidden_layers
-        # full scope trains the student's layers >= l: the teacher keeps a frozen copy of the originals
+        # full scope trains the student's layers >= l: the teacher keeps a frozen copy of the originals (not needed
+        # when the teacher's outputs come from a teacher cache)
         self.teacher_layers = None
-        if scope == "full":
+        if scope == "full" and not teacher_cached:
             self.teacher_layers = nn.ModuleList(copy.deepcopy(model.model.layers[i]) for i in range(self.l, self.L))
             self.teacher_layers.requires_grad_(False)
 
@@ -130,9 +142,16 @@ class DistillModel(nn.Module):
     def inner(self):
         return self.model.model
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> DistillOutput:
-        state, boundary = self.prefix(input_ids, position_ids)
-        return self.upper(state, boundary)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, boundary: torch.Tensor | None = None,
+                teacher: torch.Tensor | None = None, teacher_pre_last: torch.Tensor | None = None) -> DistillOutput:
+        """Both models on a batch; with ``boundary`` (h_l) and ``teacher`` from a teacher cache only the student's
+        layers >= l run (the masks and rotary embeddings still come from the batch's position ids)."""
+        if boundary is None:
+            state, boundary = self.prefix(input_ids, position_ids)
+            return self.upper(state, boundary)
+        state = self.inner.prepare_prefix(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        student, student_pre = self.student_upper(state, boundary)
+        return DistillOutput(student, teacher, student_pre, teacher_pre_last)
 
     @torch.no_grad()
     def prefix(self, input_ids, position_ids):
@@ -181,17 +200,19 @@ class DistillModel(nn.Module):
 
 
 def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: DistillSettings) -> torch.Tensor:
-    """Mean loss per counted position: every real token for kl / kl+hidden, tokens with a next token for lm."""
+    """Mean loss per counted position: every real token for kl / kl+hidden, tokens with a next token for lm.
+
+    ``loss_positions="assistant"`` (Snowflake's current recipe) sums the KL (or cross-entropy) over assistant tokens
+    only and still divides by every counted position; the hidden-state MSE stays over every position."""
+    every = batch["labels"] >= 0 if settings.loss == "lm" else batch["loss_mask"]
+    n = every.sum().clamp(min=1)
+    sel = every & batch["assistant_mask"] if settings.loss_positions == "assistant" else every
     if settings.loss == "lm":
-        sel = batch["labels"] >= 0
-        n = sel.sum().clamp(min=1)
         return lm_cross_entropy(out.student[sel], batch["labels"][sel], head, settings.chunk_size) / n
-    sel = batch["loss_mask"]
-    n = sel.sum().clamp(min=1)
     loss = distill_kl(out.student[sel], out.teacher[sel], head, settings.temperature, settings.chunk_size) / n
     if settings.loss == "kl+hidden" and out.student_pre_last is not None:
         loss = loss + settings.hidden_weight * F.mse_loss(
-            out.student_pre_last[sel].float(), out.teacher_pre_last[sel].float()
+            out.student_pre_last[every].float(), out.teacher_pre_last[every].float()
         )
     return loss
 
@@ -234,8 +255,13 @@ class HeldOut:
         self.pair, self.chunk_size, self.items = pair, chunk_size, []
         with torch.no_grad():
             for batch in batches:
-                state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
-                teacher, _ = pair.teacher_upper(state, boundary)
+                if "boundary" in batch:  # from the teacher cache
+                    state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
+                                                      position_ids=batch["position_ids"], use_cache=False)
+                    boundary, teacher = batch["boundary"], batch["teacher"]
+                else:
+                    state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
+                    teacher, _ = pair.teacher_upper(state, boundary)
                 mask = batch["loss_mask"]
                 self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
 
@@ -263,17 +289,24 @@ class HeldOut:
 HELDOUT_SEED = 0  # the held-out sample is the same for every run, whatever the training seed
 
 
-def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations):
-    """Training packs for the token budget (seeded) and the fixed held-out packs; with their reports."""
+def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):
+    """Training items for the token budget (seeded) and the fixed held-out items, with their reports. An item is a
+    pack and, with a teacher cache, the cache rows of its tokens (the packs then come from the cache's stream: no
+    conversation is read or rendered); without one, None."""
     from swiftkv.data import PackReport, pack_conversations
 
     train_report, heldout_report = PackReport(), PackReport()
-    train = []
+    train, heldout = [], []
     if settings.train:
         budget = settings.tokens or None
-        train = pack_conversations(
-            train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report
-        )
+        if cache is not None:
+            packs, train_report, rows = cache.packs("train", budget, settings.max_length)
+            train = list(zip(packs, rows))
+        else:
+            train = [(p, None) for p in pack_conversations(
+                train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report,
+                assistant_masks=settings.loss_positions == "assistant",
+            )]
         if not train:
             raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
         if settings.epochs > 1:  # later epochs: the same packs in another order
@@ -284,11 +317,13 @@ def prepare_data(tokenizer, settings: DistillSettings, train_conversations, held
                 order = list(first)
                 random.Random(settings.seed + epoch).shuffle(order)
                 train += order
-    heldout = []
-    if settings.heldout_tokens and heldout_conversations:
-        heldout = pack_conversations(
+    if settings.heldout_tokens and cache is not None:
+        packs, heldout_report, rows = cache.packs("heldout", settings.heldout_tokens, settings.max_length)
+        heldout = list(zip(packs, rows))
+    elif settings.heldout_tokens and heldout_conversations:
+        heldout = [(p, None) for p in pack_conversations(
             heldout_conversations, tokenizer, settings.max_length, settings.heldout_tokens, HELDOUT_SEED, heldout_report
-        )
+        )]
     return train, heldout, {"train": asdict(train_report), "heldout": asdict(heldout_report)}
 
 
@@ -352,6 +387,23 @@ def _auto_every(total: int, times: int) -> int:
     return max(1, math.ceil(total / times))
 
 
+def _open_cache(teacher_cache, student, settings: DistillSettings):
+    """The run's teacher cache (opened and checked against the run: one line if it does not fit), or None."""
+    if teacher_cache is None:
+        return None
+    from swiftkv.teacher_cache import TeacherCache, weights_fingerprint
+
+    cache = teacher_cache if isinstance(teacher_cache, TeacherCache) else TeacherCache(teacher_cache)
+    cache.check(model=weights_fingerprint(student), data=settings.data, seed=settings.seed,
+                max_length=settings.max_length, tokens=settings.tokens if settings.train else 1,
+                heldout_tokens=settings.heldout_tokens, layer=settings.num_key_value_layers,
+                need_pre_last=settings.loss == "kl+hidden", num_hidden_layers=student.config.num_hidden_layers)
+    if settings.loss_positions == "assistant" and any(s.assistant is None for s in cache.splits["train"].segments):
+        raise SwiftKVError(f"teacher cache {cache.path} has no assistant masks; build it again for "
+                           "--loss-positions assistant")
+    return cache
+
+
 def train(
     base_model,
     tokenizer,
@@ -369,8 +421,12 @@ def train(
     interrupt_after: int | None = None,
     extra_summary: dict | None = None,
     overwrite: bool = False,
+    teacher_cache=None,
 ) -> dict:
-    """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary."""
+    """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary.
+
+    ``teacher_cache`` (a ``TeacherCache`` or its directory): the teacher's side of every step and held-out number
+    and the packed data come from it (``swiftkv.teacher_cache``); the conversations are then not needed."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
@@ -381,6 +437,7 @@ def train(
     from swiftkv.convert import save_model_dir
     from swiftkv.data import collate_packs
     from swiftkv.io import MARKER, check_output_dir, mark_dir, remove_own_files
+    from swiftkv.teacher_cache import cached_batch
 
     settings.validate()
     started = time.perf_counter()
@@ -398,25 +455,35 @@ def train(
     torch.manual_seed(settings.seed)
 
     student = build_student(base_model, settings)
-    pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden").to(accelerator.device)
+    cache = _open_cache(teacher_cache, student, settings)
+    pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden",
+                        teacher_cached=cache is not None).to(accelerator.device)
     params = list(trainable_parameters(pair).values())
     n_trainable = sum(p.numel() for p in params)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    train_packs, heldout_packs, data_report = prepare_data(
-        tokenizer, settings, train_conversations, heldout_conversations
+    train_items, heldout_items, data_report = prepare_data(
+        tokenizer, settings, train_conversations, heldout_conversations, cache
     )
     logger.info("data: %s", data_report)
+    dtype = next(student.parameters()).dtype
+    pre_last = student.config.num_hidden_layers - 1 if settings.loss == "kl+hidden" else None
 
-    def collate(packs):
-        return collate_packs(packs, pad_id)
+    def collate_with(split: str):
+        def collate(items):
+            packs, rows = [p for p, _ in items], [r for _, r in items]
+            if cache is None:
+                return collate_packs(packs, pad_id)
+            return cached_batch(cache, split, packs, rows, settings.num_key_value_layers, pad_id, dtype, pre_last)
+
+        return collate
 
     heldout_batches = [
-        {k: v.to(accelerator.device) for k, v in collate([p]).items()} for p in heldout_packs
+        {k: v.to(accelerator.device) for k, v in collate_with("heldout")([item]).items()} for item in heldout_items
     ]
     heldout = HeldOut(pair, heldout_batches, settings.chunk_size)
 
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay) if params else None
-    loader = DataLoader(train_packs, batch_size=settings.batch_size, shuffle=False, collate_fn=collate)
+    loader = DataLoader(train_items, batch_size=settings.batch_size, shuffle=False, collate_fn=collate_with("train"))
     if settings.train:
         pair, optimizer, loader = accelerator.prepare(pair, optimizer, loader)
     total_steps = len(loader) if settings.train else 0
@@ -464,7 +531,8 @@ def train(
         pair.train()
         for batch in data_iter:
             t0 = time.perf_counter()
-            out = pair(batch["input_ids"], batch["position_ids"])
+            out = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
+                       batch.get("teacher_pre_last"))
             with accelerator.autocast():
                 loss = compute_loss(out, batch, head, settings)
             accelerator.backward(loss)
@@ -518,6 +586,8 @@ def train(
         "processes": accelerator.num_processes,
         "mixed_precision": mixed_precision,
         "device": str(accelerator.device),
+        "teacher_cache": None if cache is None else {"path": str(cache.path), "key": asdict(cache.key),
+                                                      "build": cache.build},
         **(extra_summary or {}),
     }
     if main:
@@ -538,9 +608,12 @@ def run_from_cli(args, settings: DistillSettings) -> dict:
     from swiftkv.loading import load_model
 
     base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
-    conversations, source_report = load_conversations(settings.data)
-    train_convs, heldout_convs = split_conversations(conversations)
-    source = asdict(source_report)
+    if args.teacher_cache:  # the packed data come from the cache: no conversations to read
+        train_convs, heldout_convs, source = None, None, None
+    else:
+        conversations, source_report = load_conversations(settings.data)
+        train_convs, heldout_convs = split_conversations(conversations)
+        source = asdict(source_report)
     return train(
         base,
         tokenizer,
@@ -556,4 +629,5 @@ def run_from_cli(args, settings: DistillSettings) -> dict:
         progress=not args.no_progress,
         extra_summary={"variant": args.variant, "source_report": source},
         overwrite=args.overwrite,
+        teacher_cache=args.teacher_cache,
     )

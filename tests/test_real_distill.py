@@ -54,3 +54,27 @@ def test_shared_prefix_step_equals_the_naive_step_on_a_packed_row(setup):
     torch.testing.assert_close(shared, naive, rtol=1e-4, atol=1e-5)
     for a, b in zip(shared_grads, naive_grads):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_cached_step_equals_the_shared_prefix_step_on_a_packed_row(setup):
+    """The teacher cache's values, computed by the cache builder's code on the real model, give the shared-prefix
+    step's loss and gradients exactly (fp32)."""
+    from swiftkv.teacher_cache import teacher_states
+
+    base, batch = setup
+    settings = DistillSettings(num_key_value_layers=15)
+    student = build_student(base, settings)
+    params = [p for p in student.parameters() if p.requires_grad]
+    head = student.get_output_embeddings()
+    with torch.no_grad():
+        values = teacher_states(student.swiftkv(False).model, batch["input_ids"], batch["position_ids"], [15, 29])
+    student.swiftkv(True)
+    pair = DistillModel(student, teacher_cached=True)
+    shared = compute_loss(DistillModel(student)(batch["input_ids"], batch["position_ids"]), batch, head, settings)
+    shared_grads = torch.autograd.grad(shared, params)
+    cached = compute_loss(pair(batch["input_ids"], batch["position_ids"], values["h15"], values["final"]), batch,
+                          head, settings)
+    cached_grads = torch.autograd.grad(cached, params)
+    torch.testing.assert_close(cached, shared, rtol=0, atol=0)
+    for a, b in zip(cached_grads, shared_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

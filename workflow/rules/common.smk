@@ -111,6 +111,28 @@ def distill_budget_args(wildcards):
     return " ".join(f"--{k} {v}" for k, v in opts.items())
 
 
+def teacher_cache_spec(wildcards):
+    """What the model's teacher cache must hold: every l its trainable rows use, and the largest budget of the profile
+    (the table budget, or the distillation curve's for its model)."""
+    d, model = config["distill"], wildcards.model
+    rows = VARIANTS[(VARIANTS.model == model) & (VARIANTS.variant != "base")]
+    tokens = d["tokens"]
+    if d["curve"]["model"] == model:
+        tokens = max(tokens, d["curve"]["tokens"])
+    return {"layers": " ".join(str(l) for l in sorted(set(rows.num_key_value_layers))), "tokens": tokens}
+
+
+def teacher_cache_input(wildcards):
+    """The distillation's teacher cache (profiles with distill.teacher_cache), else nothing."""
+    if not config["distill"]["teacher_cache"]:
+        return []
+    return [f"results/teacher_cache/{wildcards.model}/seed-{config['distill']['seed']}"]
+
+
+def teacher_cache_arg(wildcards, input):
+    return f"--teacher-cache {input.cache}" if input.cache else ""
+
+
 def distill_curve_args(wildcards):
     c = config["distill"]["curve"]
     return f"{distill_budget_args(wildcards)} --tokens {c['tokens']} --eval-every {c['eval_every']}"

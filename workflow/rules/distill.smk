@@ -6,10 +6,33 @@ wildcard_constraints:
     variant="[a-z0-9][a-z0-9.-]*",
 
 
+# The teacher's side of every distillation of a model (all variants, budgets, losses): one pass, one cache per seed.
+rule build_teacher_cache:
+    input:
+        model=model_input,
+    output:
+        directory("results/teacher_cache/{model}/seed-{seed}"),
+    log:
+        "logs/build_teacher_cache/{model}/seed-{seed}.log",
+    benchmark:
+        "benchmarks/build_teacher_cache/{model}/seed-{seed}.tsv"
+    params:
+        source=model_source,
+        spec=teacher_cache_spec,
+        d=config["distill"],
+    threads: workflow.cores
+    shell:
+        "swiftkv teacher-cache {params.source} --layers {params.spec[layers]} --tokens {params.spec[tokens]}"
+        " --max-length {params.d[max_length]} --heldout-tokens {params.d[heldout_tokens]} --seed {wildcards.seed}"
+        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {DTYPE} --threads {threads}"
+        " --no-progress -o {output} > {log} 2>&1"
+
+
 rule distill_swiftkv:
     input:
         model=model_input,
         variants=variant_check,
+        cache=teacher_cache_input,
     output:
         directory("results/checkpoints/{model}/{variant}"),
     log:
@@ -20,10 +43,12 @@ rule distill_swiftkv:
         launcher=distill_launcher,
         model=model_source,
         budget=distill_budget_args,
+        cache=teacher_cache_arg,
     threads: workflow.cores
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} {MIXED_PRECISION} --threads {threads} --resume -o {output} > {log} 2>&1"
+        "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
+        " > {log} 2>&1"
 
 
 # The same student trained on a longer budget with frequent held-out evaluations: where does the KL flatten?
@@ -31,6 +56,7 @@ rule distill_swiftkv_curve:
     input:
         model=model_input,
         variants=variant_check,
+        cache=teacher_cache_input,
     output:
         directory("results/distill_curve/{model}/{variant}"),
     log:
@@ -41,10 +67,12 @@ rule distill_swiftkv_curve:
         launcher=distill_launcher,
         model=model_source,
         budget=distill_curve_args,
+        cache=teacher_cache_arg,
     threads: workflow.cores
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} {MIXED_PRECISION} --threads {threads} --resume -o {output} > {log} 2>&1"
+        "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
+        " > {log} 2>&1"
 
 
 rule collect_distill:
