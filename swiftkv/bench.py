@@ -159,25 +159,27 @@ class DistillBench:
     chunk_size: int = 1024  # positions per chunk of full-vocabulary logits in the trainer's loss
 
 
-STEPS = ("naive", "shared_prefix", "cached")
+STEPS = ("naive", "shared_prefix", "uncached", "cached")
 
 
 def bench_distill(base_model, batches: list[dict], settings: DistillBench, progress: bool = True) -> dict:
-    """Time one distillation step (forward, backward, AdamW) three ways on the same batches, interleaved:
+    """Time one distillation step (forward, backward, AdamW) four ways on the same batches, interleaved:
 
     - ``naive``: a full teacher forward (no_grad, all logits) + a full student forward and backward (all logits);
-    - ``shared_prefix``: the trainer's step without a cache: layers < l once for teacher and student (no autograd
-      there), the teacher's layers >= l under no_grad, the chunked loss through the head;
+    - ``shared_prefix``: the trainer's step before the teacher cache: layers < l once for teacher and student (no
+      autograd there), the teacher's layers >= l under no_grad, the chunked loss through the head with autograd
+      (``distill_kl_autograd``);
+    - ``uncached``: the trainer's step today without a cache: the same with the closed-form loss (``distill_kl``);
     - ``cached``: the trainer's step with a teacher cache (``swiftkv.teacher_cache``): only the student's layers
-      >= l and the heads run; the cached values come from one teacher pass over the same batches (timed too:
-      ``cache_build_tokens_per_s``, the rate a cache is built at).
+      >= l and the heads run (closed-form loss); the cached values come from one teacher pass over the same batches
+      (timed too: ``cache_build_tokens_per_s``, the rate a cache is built at).
 
     Wall time and process CPU time are both recorded: on a shared machine the CPU time (tokens per CPU-second,
     times the cores used) says what the step would do with the cores to itself. ``loss_max_abs_diff``: the largest
     difference between the three paths' losses on the same batch with the same weights (before any timing step).
     """
     from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
-    from swiftkv.losses import kl_sum
+    from swiftkv.losses import distill_kl_autograd, kl_sum
     from swiftkv.teacher_cache import teacher_states
 
     device = next(base_model.parameters()).device
@@ -207,13 +209,19 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
         return kl_sum(logits[mask], teacher[mask], dset.temperature) / mask.sum()
 
     def shared_loss(batch, _):
+        out = pair(batch["input_ids"], batch["position_ids"])
+        mask = batch["loss_mask"]
+        return distill_kl_autograd(out.student[mask], out.teacher[mask], head, dset.temperature,
+                                   dset.chunk_size) / mask.sum()
+
+    def uncached_loss(batch, _):
         return compute_loss(pair(batch["input_ids"], batch["position_ids"]), batch, head, dset)
 
     def cached_loss(batch, values):
         out = pair(batch["input_ids"], batch["position_ids"], values["boundary"], values["teacher"])
         return compute_loss(out, batch, head, dset)
 
-    losses = {"naive": naive_loss, "shared_prefix": shared_loss, "cached": cached_loss}
+    losses = {"naive": naive_loss, "shared_prefix": shared_loss, "uncached": uncached_loss, "cached": cached_loss}
     first = {name: [float(fn(b, c).detach()) for b, c in zip(batches, cached)] for name, fn in losses.items()}
     loss_diff = max(abs(a - b) for name in STEPS for a, b in zip(first[name], first["shared_prefix"]))
 

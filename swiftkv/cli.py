@@ -39,6 +39,11 @@ def unit_fraction(text: str) -> float:
     return value
 
 
+def _eval_every(text: str) -> int:
+    """argparse type of distill --eval-every: steps >= 1, or 'end' (-1: only before and after training)."""
+    return -1 if text == "end" else positive_int(text)
+
+
 def non_empty(text: str) -> str:
     """argparse type: a string with something in it."""
     if not text.strip():
@@ -694,12 +699,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_prefill)
     p = bench.add_parser("distill", help="distillation step tokens/s: naive vs shared-prefix vs teacher-cached step",
                          description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
-                         "three ways in the same process, interleaved: naive (full teacher forward + full student "
-                         "forward/backward with all logits), shared_prefix (the trainer without a cache: layers < l "
-                         "once, chunked loss) and cached (the trainer with a teacher cache: only the student's layers "
+                         "four ways in the same process, interleaved: naive (full teacher forward + full student "
+                         "forward/backward with all logits), shared_prefix (the trainer before the teacher cache: "
+                         "layers < l once, chunked autograd loss), uncached (the trainer without a cache today: the "
+                         "closed-form loss) and cached (the trainer with a teacher cache: only the student's layers "
                          ">= l and the heads); also the rate a teacher cache is built at and the largest loss "
-                         "difference between the paths. JSON keys: tokens_per_s.{naive,shared_prefix,cached}, "
-                         "cache_build_tokens_per_s, loss_max_abs_diff.",
+                         "difference between the paths. JSON keys: tokens_per_s.{naive,shared_prefix,uncached,cached},"
+                         " cache_build_tokens_per_s, loss_max_abs_diff.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _add_model_args(p, dtype="auto")
     p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
@@ -800,7 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chunk-size", type=int, help="positions per chunk of full-vocabulary logits (default 1024)")
     g = p.add_argument_group("evaluation, checkpoints, hardware")
     g.add_argument("--heldout-tokens", type=int, help="held-out tokens for the KL in the log (default 4096)")
-    g.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: 5 per run)")
+    g.add_argument("--eval-every", type=_eval_every,
+                   help="steps between held-out evaluations, or 'end' for only the ones before and after training "
+                   "(default: 5 per run)")
     g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
     g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the same settings")

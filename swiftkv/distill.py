@@ -80,7 +80,7 @@ class DistillSettings:
     chunk_size: int = 1024  # positions per chunk of full-vocabulary logits
     # evaluation and checkpoints (do not change the trained weights)
     heldout_tokens: int = 4096
-    eval_every: int = 0  # steps; 0 = five evaluations over the run (plus the one before training)
+    eval_every: int = 0  # steps; 0 = five evaluations over the run; -1 = none; always one before and one after
     checkpoint_every: int = 0  # steps; 0 = ten checkpoints over the run
 
     def validate(self) -> None:
@@ -494,6 +494,8 @@ def train(
         )
     raw = accelerator.unwrap_model(pair)
     eval_every = settings.eval_every or _auto_every(total_steps, 5)
+    if eval_every < 0:  # only the evaluations before and after training
+        eval_every = total_steps + 1
     ckpt_every = settings.checkpoint_every or _auto_every(total_steps, 10)
 
     start_step, tokens_seen, train_seconds = 0, 0, 0.0

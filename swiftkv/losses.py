@@ -4,7 +4,9 @@ The head (``lm_head``) is frozen in every SwiftKV training scope, so the loss on
 the student's final hidden states. ``HeadLoss`` computes, chunk by chunk, the loss and that gradient in the
 forward pass (autograd on the chunk's logits, then the logits are freed) and hands the stored gradient back in the
 backward pass. Full-vocabulary logits are therefore materialised once per position for the student and once for
-the teacher, and never kept for the backward pass.
+the teacher, and never kept for the backward pass. The distillation KL (``HeadKL``) does the same with the gradient
+in closed form (``kl_and_grad``): its elementwise work over the (n, V) logits cost as much as the head's matmuls
+when it went through autograd.
 """
 
 from __future__ import annotations
@@ -57,8 +59,59 @@ def head_loss(hidden: torch.Tensor, head: torch.nn.Linear, loss_fn: ChunkLoss, *
     return HeadLoss.apply(hidden, head.weight, head.bias, loss_fn, chunk_size, *targets)
 
 
+@torch.no_grad()
+def kl_and_grad(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(teacher_T || student_T) summed over rows, and its gradient with respect to the student logits — in
+    closed form, reusing the two logit buffers (both are overwritten: the student's ends as the gradient).
+
+    With s = student / T, t = teacher / T, p = softmax(t), q = softmax(s):
+    row KL = sum_v p_v (t_v - s_v) + lse(s) - lse(t), and d(T^2 KL)/d student = T (q - p).
+    The same numbers as ``kl_sum`` + autograd up to fp32 round-off, in a few passes over the (n, V) logits instead
+    of a dozen (the loss's elementwise work was as costly as the LM head's matmuls)."""
+    s, t = student_logits.float().div_(temperature), teacher_logits.float().div_(temperature)  # n,V
+    lse_s, lse_t = torch.logsumexp(s, dim=-1, keepdim=True), torch.logsumexp(t, dim=-1, keepdim=True)  # n,1
+    p = torch.sub(t, lse_t).exp_()  # n,V: softmax(t)
+    kl = (torch.linalg.vecdot(p, t) - torch.linalg.vecdot(p, s)).sum() + (lse_s - lse_t).sum()
+    grad = s.sub_(lse_s).exp_().sub_(p).mul_(temperature)  # n,V: T (q - p), in the student's buffer
+    return kl * (temperature * temperature), grad
+
+
+class HeadKL(torch.autograd.Function):
+    """``distill_kl``: the loss and its gradient with respect to the student's hidden states, chunk by chunk, in
+    closed form (``kl_and_grad``); the backward pass hands back the stored gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, teacher_hidden, weight, bias, temperature: float, chunk_size: int):
+        grad = torch.empty_like(hidden)  # N,H
+        total = hidden.new_zeros((), dtype=torch.float32)
+        w = weight.detach()
+        b = None if bias is None else bias.detach()
+        for start in range(0, hidden.shape[0], chunk_size):
+            stop = start + chunk_size
+            s = F.linear(hidden[start:stop].detach(), w, b)  # n,V
+            t = F.linear(teacher_hidden[start:stop].detach(), w, b)  # n,V
+            loss, g = kl_and_grad(s, t, temperature)
+            grad[start:stop] = (g @ w.float()).to(grad.dtype)  # n,H
+            total += loss
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_output.to(grad.dtype), None, None, None, None, None
+
+
 def distill_kl(student_hidden, teacher_hidden, head, temperature: float = 2.0, chunk_size: int = 1024):
     """Summed T^2-scaled KL(teacher || student) over the N positions given (both (N, H), teacher detached)."""
+    if head.weight.requires_grad:
+        raise ValueError("distill_kl needs a frozen head (its weight gets no gradient)")
+    return HeadKL.apply(student_hidden, teacher_hidden.detach(), head.weight, head.bias, temperature, chunk_size)
+
+
+def distill_kl_autograd(student_hidden, teacher_hidden, head, temperature: float = 2.0, chunk_size: int = 1024):
+    """``distill_kl`` through autograd on ``kl_sum`` (``HeadLoss``): the trainer's loss before the closed form, kept
+    as its reference (tests) and as the loss of the "shared_prefix" step of ``swiftkv bench distill``."""
 
     def fn(logits, targets):
         (teacher,) = targets

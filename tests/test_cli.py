@@ -95,7 +95,7 @@ def test_distill_end_to_end_on_a_tiny_model(tmp_path, capsys):
 
 
 def test_bench_distill_random_weights(tmp_path):
-    """The step benchmark on a config file (random weights, random packed rows): the three steps timed, JSON written."""
+    """The step benchmark on a config file (random weights, random packed rows): the four steps timed, JSON written."""
     import json
 
     from tests.conftest import tiny_base
@@ -106,9 +106,10 @@ def test_bench_distill_random_weights(tmp_path):
                  "--max-length", "64", "--batches", "1", "--warmup", "0", "--repeats", "1", "--threads", "1",
                  "-o", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert [r["step"] for r in result["results"]] == ["naive", "shared_prefix", "cached"]
-    assert set(result["tokens_per_s"]) == {"naive", "shared_prefix", "cached"} and result["cache_build_tokens_per_s"] > 0
-    assert result["loss_max_abs_diff"] < 1e-4  # the three paths compute the same loss
+    assert [r["step"] for r in result["results"]] == ["naive", "shared_prefix", "uncached", "cached"]
+    assert set(result["tokens_per_s"]) == {"naive", "shared_prefix", "uncached", "cached"}
+    assert result["cache_build_tokens_per_s"] > 0
+    assert result["loss_max_abs_diff"] < 1e-4  # the four paths compute the same loss
     assert all(r["tok_per_s"] > 0 and r["tokens"] == 64 for r in result["results"])
 
 

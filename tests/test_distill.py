@@ -362,3 +362,28 @@ def test_bad_settings_are_one_line():
     for bad in ({"loss": "mse"}, {"scope": "some"}, {"temperature": 0}, {"tokens": -1}, {"epochs": 0}):
         with pytest.raises(SwiftKVError):
             DistillSettings(num_key_value_layers=2, **bad).validate()
+
+
+def test_closed_form_kl_equals_autograd_through_kl_sum():
+    """distill_kl's closed-form loss and gradient equal the autograd ones (the trainer's loss before it)."""
+    from swiftkv.losses import distill_kl, distill_kl_autograd
+
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False).requires_grad_(False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(50, 16, generator=gen))
+    teacher = torch.randn(37, 16, generator=gen)
+    results = []
+    for fn in (distill_kl, distill_kl_autograd):
+        student = torch.randn(37, 16, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        loss = fn(student, teacher, head, 2.0, chunk_size=10)
+        loss.backward()
+        results.append((loss.detach(), student.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
+
+
+def test_eval_every_end_evaluates_before_and_after_only(tmp_path):
+    summary = run(tmp_path, settings={"tokens": 600, "eval_every": -1})
+    log = [json.loads(x) for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["event"] == "eval"] == [0, summary["steps"]]
