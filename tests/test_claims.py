@@ -1,0 +1,80 @@
+"""The claims registry: well-formed, tied to the paper's tables, and decided over every measured point."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from analysis.claims import FAILS, HOLDS, UNCLEAR, Point, RegistryError, Rule, decide, load_registry, point_verdict
+
+PAPER = Path(__file__).resolve().parents[1] / "analysis" / "paper"
+RANK = {FAILS: 0, UNCLEAR: 1, HOLDS: 2}
+
+
+def test_registry_is_well_formed_and_names_the_papers_rows():
+    claims = load_registry()
+    assert len(claims) >= 15 and len({c.id for c in claims}) == len(claims)
+    for c in claims:
+        table = c.paper.get("table")
+        if table:
+            assert (PAPER / f"{table}.csv").is_file(), c.id
+            rows = c.paper.get("rows")
+            if rows and rows != "all":
+                text = (PAPER / f"{table}.csv").read_text()
+                assert all(f",{r}," in text for r in rows), (c.id, rows)
+        assert len(c.registered) == 10 and c.registered[4] == "-" and c.decided_by.strip(), c.id  # dated; which run
+
+
+def test_every_headline_claim_is_registered():
+    ids = {c.id for c in load_registry()}
+    for needed in ("quality-loss-25", "quality-loss-50", "acrosskv-costs-little", "simscore-predicts-loss",
+                   "throughput-gain", "ttft-lower", "tpot-lower", "kl-beats-lm-loss", "partial-beats-full",
+                   "acrosskv-beats-mqa", "fp8-costs-little", "quality-cliff-beyond-50"):
+        assert needed in ids
+
+
+def test_a_malformed_registry_is_one_line(tmp_path):
+    (tmp_path / "r.yaml").write_text("claims:\n  - {id: x, statement: s}\n")
+    with pytest.raises(RegistryError, match="claim x lacks paper, artefact"):
+        load_registry(tmp_path / "r.yaml")
+
+
+@pytest.mark.parametrize("rule,point,verdict", [
+    (Rule("direction", threshold=0.0), Point("a", 1.0, 0.2, 1.8), HOLDS),
+    (Rule("direction", threshold=0.0), Point("a", -1.0, -1.8, -0.2), FAILS),
+    (Rule("direction", threshold=0.0), Point("a", 0.1, -0.5, 0.7), UNCLEAR),
+    (Rule("direction", direction="below", threshold=1.0), Point("a", 0.6, 0.5, 0.8), HOLDS),
+    (Rule("margin", margin=2.0), Point("a", -0.5, -1.9, 0.9), HOLDS),
+    (Rule("margin", margin=2.0), Point("a", -3.7, -7.1, -2.1), FAILS),
+    (Rule("margin", margin=2.0), Point("a", -1.5, -2.5, -0.5), UNCLEAR),
+    (Rule("exact", tolerance=1.0), Point("a", 301.5, 301.5, 301.5, paper=302.0), HOLDS),
+    (Rule("exact", tolerance=1.0), Point("a", 299.0, 299.0, 299.0, paper=302.0), FAILS),
+])
+def test_point_rules(rule, point, verdict):
+    assert point_verdict(rule, point) == verdict
+
+
+def test_no_verdict_improves_by_dropping_points():
+    """decide() over all points is never better than over any subset: no selection of points flatters a claim."""
+    rng = random.Random(0)
+    rules = [Rule("direction", threshold=0.0), Rule("margin", margin=1.0), Rule("every_point", threshold=1.0)]
+    for _ in range(300):
+        points = []
+        for i in range(rng.randint(1, 5)):
+            centre = rng.uniform(-3, 3)
+            half = rng.uniform(0.1, 2)
+            points.append(Point(str(i), centre, centre - half, centre + half))
+        for rule in rules:
+            full = RANK[decide(rule, points)]
+            for k in range(1, len(points)):
+                for subset in itertools.combinations(points, k):
+                    assert full <= RANK[decide(rule, list(subset))]
+
+
+def test_one_failing_point_fails_the_claim_and_no_points_cannot_tell():
+    rule = Rule("every_point", threshold=1.0)
+    good, bad = Point("fast", 1.4, 1.2, 1.6), Point("slow", 0.9, 0.85, 0.95)
+    assert decide(rule, [good]) == HOLDS and decide(rule, [good, bad]) == FAILS and decide(rule, []) == UNCLEAR
