@@ -27,19 +27,6 @@ def kept_layers(num_layers: int, fraction: float) -> int:
     return max(1, min(num_layers, round(num_layers * fraction)))
 
 
-def fast_dtype(device: str) -> torch.dtype:
-    """bf16 where the hardware is fast at it (CUDA, CPUs with AVX512-BF16/AMX), else fp32."""
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    has_bf16 = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")() in ("AVX512", "AMX")
-    try:
-        flags = open("/proc/cpuinfo").read()
-        has_bf16 = has_bf16 and ("avx512_bf16" in flags or "amx_bf16" in flags)
-    except OSError:
-        pass
-    return torch.bfloat16 if has_bf16 else torch.float32
-
-
 def hardware() -> dict:
     info = {
         "platform": platform.platform(),

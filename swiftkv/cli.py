@@ -108,19 +108,15 @@ def _add_model_args(p: argparse.ArgumentParser, dtype: str = "float32") -> None:
 
 
 def _resolve_dtype(name: str, device: str = "cpu"):
-    from swiftkv.bench import fast_dtype
-    from swiftkv.loading import parse_dtype
+    from swiftkv.device import resolve_dtype
 
-    return fast_dtype(device) if name == "auto" else parse_dtype(name)
+    return resolve_dtype(name, device)
 
 
 def _resolve_device(name: str) -> str:
-    """'auto' -> 'cuda' where a GPU is visible, else 'cpu'; anything else as given."""
-    if name != "auto":
-        return name
-    import torch
+    from swiftkv.device import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(name)
 
 
 def cmd_prepare_model(args) -> None:

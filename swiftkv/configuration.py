@@ -18,7 +18,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config
 
-from swiftkv import _autoregister
+from swiftkv._autoregister import done as _registered
 from swiftkv.errors import SwiftKVError
 
 SWIFTKV_CONFIG_KEYS = ("swiftkv", "num_key_value_layers", "key_value_group_size")
@@ -142,4 +142,4 @@ def register_configs() -> None:
 
 
 register_configs()  # importing the configs makes them known to AutoConfig (swiftkv._autoregister)
-_autoregister.done(__name__)
+_registered(__name__)

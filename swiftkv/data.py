@@ -209,6 +209,7 @@ def split_conversations(
 # -- tokenisation and attention-separated packing ---------------------------------------------------------------
 
 IGNORE_INDEX = -100
+HELDOUT_SEED = 0  # the held-out distillation sample is the same for every run, whatever the training seed
 
 
 @dataclass

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swiftkv.errors import SwiftKVError
+from swiftkv.data import HELDOUT_SEED
 from swiftkv.losses import distill_kl, eval_metrics, lm_cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -286,7 +287,6 @@ class HeldOut:
 
 # -- data --------------------------------------------------------------------------------------------------------
 
-HELDOUT_SEED = 0  # the held-out sample is the same for every run, whatever the training seed
 
 
 def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):
@@ -432,7 +432,7 @@ def train(
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from swiftkv.bench import fast_dtype
+    from swiftkv.device import fast_dtype
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
     from swiftkv.data import collate_packs

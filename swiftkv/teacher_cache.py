@@ -222,8 +222,7 @@ def build_teacher_cache(
     from tqdm.auto import tqdm
 
     from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.data import collate_packs, conversation_stream
-    from swiftkv.distill import HELDOUT_SEED
+    from swiftkv.data import HELDOUT_SEED, collate_packs, conversation_stream
     from swiftkv.io import atomic_dir, check_output_dir
 
     output = check_output_dir(output, overwrite)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from transformers import AutoModelForCausalLM
 
-from swiftkv import _autoregister
+from swiftkv._autoregister import done as _registered
 from swiftkv.configuration import LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, register_configs
 from swiftkv.models.llama import LlamaSwiftKVForCausalLM
 from swiftkv.models.mistral import MistralSwiftKVForCausalLM
@@ -43,7 +43,7 @@ def register() -> None:
 
 
 register()  # importing the model classes makes them loadable through the Auto classes (swiftkv._autoregister)
-_autoregister.done(__name__)
+_registered(__name__)
 
 __all__ = [
     "FAMILIES",

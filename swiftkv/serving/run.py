@@ -99,7 +99,7 @@ def _run_hf(args, specs, filters) -> dict:
 
     from swiftkv.serving.hf import HFEngine, HFSettings, settings_dict
     from swiftkv.serving.models import load_bench_model
-    from swiftkv.cli import _resolve_dtype
+    from swiftkv.device import resolve_dtype
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         why = f"transformers on {args.device} needs a CUDA GPU and this machine has none"
@@ -111,7 +111,7 @@ def _run_hf(args, specs, filters) -> dict:
                             for s in specs]}
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = _resolve_dtype(args.dtype, args.device)
+    dtype = resolve_dtype(args.dtype, args.device)
     model, tokenizer = load_bench_model(args.model, dtype, args.device, args.resources, seed=args.seed)
     settings = HFSettings(batch_size=args.batch_size, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
                           max_batch=args.max_batch, memory=not args.no_memory)
@@ -125,7 +125,7 @@ def _run_hf(args, specs, filters) -> dict:
 def _run_vllm(args, specs, filters) -> dict:
     import shlex
 
-    from swiftkv.bench import fast_dtype
+    from swiftkv.device import fast_dtype
     from swiftkv.loading import resolve_model
     from swiftkv.serving.models import is_config_file
     from swiftkv.serving.vllm import Unavailable, VllmEngine, VllmSettings, settings_dict
