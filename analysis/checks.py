@@ -28,6 +28,8 @@ EXPECTED_COLUMNS = {
     "tableB2.csv": _ACCURACY + ["delta_ref", "delta_ref_lo", "delta_ref_hi"],
     "table3.csv": _SERVE + ["kv_limit", "kv_cache_bytes"],
     "tableA3.csv": _SERVE + ["min_ratio", "mean_ratio"],
+    "claims.csv": ["id", "rule", "estimate", "lo", "hi", "points", "verdict", "status", "evidence",
+                   "evidence_commit"],
 }
 FIGURES = ["figure2_simscore.png", "figure2_forward_time.png", "figure_distill_curve.png", "figure3_throughput.png",
            "figure4_latency.png"]

@@ -130,3 +130,255 @@ def decide(rule: Rule, points: list[Point]) -> str:
     if FAILS in verdicts:
         return FAILS
     return HOLDS if all(v == HOLDS for v in verdicts) else UNCLEAR
+
+
+# -- evidence: the registered claims against the artefacts in reports/ --------------------------------------------
+#
+# Each evaluator reads the artefact(s) its claim names and returns every measured point (never a chosen one) with
+# the files it read. A claim whose deciding run has not produced its evidence yet gets no points ("awaiting"); a
+# claim decided by a later run (seeds, budget scaling, serving repeats) but with points from today's single runs is
+# "provisional": its verdict applies the registered rule to those points and says which run will decide it.
+
+AWAITING, PROVISIONAL, DECIDED = "awaiting", "provisional", "decided"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    points: list[Point]
+    files: list[str]
+    missing: str = ""  # why there are no points (awaiting)
+
+
+def _csv(reports: Path, name: str):
+    import pandas as pd
+
+    path = reports / name
+    return (pd.read_csv(path), str(path)) if path.is_file() else (None, str(path))
+
+
+def _f(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _exact_points(reports: Path, name: str, value: str, paper: str, label) -> Evidence:
+    df, path = _csv(reports, name)
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    rows = df[df[paper].notna()]
+    return Evidence([Point(label(r), _f(r[value]), _f(r[value]), _f(r[value]), paper=_f(r[paper]))
+                     for _, r in rows.iterrows()], [path])
+
+
+def _delta_points(reports: Path, name: str, variants: list[str], column: str, negate: bool = False,
+                  kv_cache: str = "native") -> Evidence:
+    """Paired differences (and their 95% intervals) of the table's rows; negate: the claim's difference is the
+    reference row minus this row."""
+    df, path = _csv(reports, name)
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    points = []
+    for v in variants:
+        rows = df[(df.variant == v) & (df.kv_cache == kv_cache)] if "kv_cache" in df else df[df.variant == v]
+        for _, r in rows.iterrows():
+            est, lo, hi = _f(r[column]), _f(r[f"{column}_lo"]), _f(r[f"{column}_hi"])
+            if negate:
+                est, lo, hi = -est, -hi, -lo
+            ref = r.get(f"{column}_row", "base") if column != "delta_base" else "base"
+            row = v if kv_cache == "native" else f"{v} ({kv_cache} KV)"
+            points.append(Point(f"{r['model']} {row} vs {ref}" if not negate else f"{r['model']} {ref} vs {row}",
+                                est, lo, hi))
+    if not points:
+        return Evidence([], [path], f"no row {', '.join(variants)} in {path}")
+    return Evidence(points, [path])
+
+
+def _simscore(reports: Path) -> Evidence:
+    df, path = _csv(reports, "simscore_crossings.csv")
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    rows = df[df.metric == "cosine"]
+    return Evidence([Point(r["model"], _f(r["simscore_at_half"]), _f(r["ci_low_at_half"]), _f(r["ci_high_at_half"]))
+                     for _, r in rows.iterrows()], [path])
+
+
+def _fp8(reports: Path) -> Evidence:
+    df, path = _csv(reports, "tableB1.csv")
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    return _delta_points(reports, "tableB1.csv", list(df[df.kv_cache == "fp8"].variant), "delta_ref", kv_cache="fp8")
+
+
+def _single_run(label: str, estimate: float) -> Point:
+    """A point measured once: its estimate, no interval (the rule cannot decide it)."""
+    return Point(label, estimate, math.nan, math.nan)
+
+
+def _memory_limits(reports: Path) -> Evidence:
+    """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest."""
+    df, path = _csv(reports, "table3.csv")
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    df = df[df.status == "measured"].copy()
+    df["mib"] = df.kv_limit.str.extract(r"([\d.]+)\s*MiB", expand=False).astype(float)
+    points = []
+    for engine, g in df.groupby("engine"):
+        t = g.pivot_table(index="mib", columns="variant", values="throughput_tok_s")
+        if {"swiftkv-50", "swiftkv-50-acrosskv-3"} - set(t.columns) or len(t) < 2:
+            continue
+        ratio = (t["swiftkv-50-acrosskv-3"] / t["swiftkv-50"]).sort_index()
+        points.append(_single_run(f"{engine}: {ratio.index[0]:g} vs {ratio.index[-1]:g} MiB",
+                                  ratio.iloc[0] - ratio.iloc[-1]))
+    return Evidence(points, [path], "" if points else f"no engine with two KV limits in {path}")
+
+
+def _sharegpt_trend(reports: Path) -> Evidence:
+    """Per engine: Spearman correlation of the filter's input/output ratio with the SwiftKV 50% speedup."""
+    df, path = _csv(reports, "tableA3.csv")
+    if df is None:
+        return Evidence([], [path], f"{path} is missing")
+    df = df[(df.status == "measured") & (df.variant == "swiftkv-50")]
+    points = []
+    for engine, g in df.groupby("engine"):
+        if len(g) >= 2:
+            rho = g["min_ratio"].rank().corr(g["speedup"].rank())
+            points.append(_single_run(f"{engine} ({len(g)} ratios)", rho))
+    return Evidence(points, [path], "" if points else f"fewer than two measured ratios per engine in {path}")
+
+
+def _awaiting(what: str):
+    return lambda reports: Evidence([], [], what)
+
+
+EVALUATORS = {
+    "flops-table1": lambda r: _exact_points(r, "table1.csv", "total", "paper_total",
+                                            lambda row: f"{row['model']} {row['setting']}"),
+    "kv-memory-acrosskv": lambda r: _exact_points(r, "table_kv_memory.csv", "kv_cache_reduction",
+                                                  "paper_kv_cache_reduction",
+                                                  lambda row: f"{row['model']} g={row['key_value_group_size']}"),
+    "simscore-half-depth": _simscore,
+    "simscore-predicts-loss": _awaiting("reports/budget_scaling.csv (the budget-scaling study) is not run yet"),
+    "prefill-time-halved": _awaiting("the repeat-level timings behind Fig. 2 (right) are in results/, not reports/; "
+                                     "evaluated once they are committed (raw results)"),
+    "quality-loss-25": lambda r: _delta_points(r, "table2.csv", ["swiftkv-25"], "delta_base"),
+    "quality-loss-50": lambda r: _delta_points(r, "table2.csv", ["swiftkv-50"], "delta_base"),
+    "quality-cliff-beyond-50": _awaiting("the paired difference swiftkv-62 - swiftkv-50 is not in reports/ (seeds "
+                                         "run)"),
+    "acrosskv-costs-little": _awaiting("the paired differences AcrossKV - swiftkv-50 are not in reports/ (seeds run)"),
+    "kl-beats-lm-loss": lambda r: _delta_points(r, "table4a.csv", ["swiftkv-50-lm"], "delta_ref", negate=True),
+    "distillation-needed": lambda r: _delta_points(r, "table4a.csv", ["swiftkv-50-nodistill"], "delta_ref",
+                                                   negate=True),
+    "partial-beats-full": lambda r: _delta_points(r, "table4b.csv", ["swiftkv-50-full"], "delta_ref", negate=True),
+    "acrosskv-beats-mqa": lambda r: _delta_points(r, "tableB2.csv", ["swiftkv-50-mqa-1"], "delta_ref", negate=True),
+    "fp8-costs-little": _fp8,
+    "throughput-gain": _awaiting("throughput repeats (>= 5 per point) are not run yet; Fig. 3's single runs are in "
+                                 "results/"),
+    "ttft-lower": _awaiting("latency runs of >= 50 requests per rate are not run yet"),
+    "tpot-lower": _awaiting("latency runs of >= 50 requests per rate are not run yet"),
+    "acrosskv-helps-under-memory-limits": _memory_limits,
+    "speedup-grows-with-input-output-ratio": _sharegpt_trend,
+}
+
+
+def rule_text(rule: Rule) -> str:
+    unit = f" {rule.unit}" if rule.unit else ""
+    of = f" ({rule.of})" if rule.of else ""
+    if rule.kind == "exact":
+        return f"|ours - paper| <= {rule.tolerance:g}{unit} at every point"
+    if rule.kind == "margin":
+        return f"interval lower bound >= -{rule.margin:g}{unit}" + (" for every row" if rule.per_row else "")
+    side = ">" if rule.direction == "above" else "<"
+    scope = "at every point" if rule.kind == "every_point" else "at every point (one per row)"
+    return f"95% interval {side} {rule.threshold:g}{of} {scope}"
+
+
+def _deciding(rule: Rule, points: list[Point]) -> Point | None:
+    """The point that decides the verdict: the first failing one, else the first unclear one, else the one nearest
+    its bound (all points are listed beside it)."""
+    if not points:
+        return None
+    verdicts = [point_verdict(rule, p) for p in points]
+    for wanted in (FAILS, UNCLEAR):
+        if wanted in verdicts:
+            return points[verdicts.index(wanted)]
+    if rule.kind == "exact":
+        return max(points, key=lambda p: abs(p.estimate - p.paper))
+    if rule.kind == "margin":
+        return min(points, key=lambda p: p.lo)
+    return min(points, key=lambda p: p.lo - rule.threshold if rule.direction == "above" else rule.threshold - p.hi)
+
+
+def _fmt(v: float) -> str:
+    return "nan" if math.isnan(v) else f"{v:.4g}"
+
+
+def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = ""):
+    """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
+    its status (decided / provisional / awaiting). Returns a DataFrame in the registry's order."""
+    import pandas as pd
+
+    reports = Path(reports)
+    rows = []
+    for claim in load_registry(registry):
+        if claim.id not in EVALUATORS:
+            raise RegistryError(f"{registry}: claim {claim.id} has no evaluator in analysis/claims.py")
+        ev = EVALUATORS[claim.id](reports)
+        verdict = decide(claim.rule, ev.points)
+        decider = _deciding(claim.rule, ev.points)
+        by_current_run = claim.decided_by.startswith("default profile")
+        status = AWAITING if not ev.points else DECIDED if by_current_run else PROVISIONAL
+        rows.append({
+            "id": claim.id,
+            "statement": claim.statement,
+            "rule": rule_text(claim.rule),
+            "estimate": decider.estimate if decider else math.nan,
+            "lo": decider.lo if decider else math.nan,
+            "hi": decider.hi if decider else math.nan,
+            "deciding_point": decider.label if decider else "",
+            "points": "; ".join(f"{p.label}: {_fmt(p.estimate)} [{_fmt(p.lo)}, {_fmt(p.hi)}]"
+                                + (f" (paper {_fmt(p.paper)})" if p.paper is not None else "")
+                                + f" {point_verdict(claim.rule, p)}" for p in ev.points),
+            "n_points": len(ev.points),
+            "verdict": verdict,
+            "status": status,
+            "why": (ev.missing if status == AWAITING else
+                    f"decided by {claim.decided_by}; these points are from single training runs or single serving "
+                    "runs" if status == PROVISIONAL else ""),
+            "evidence": " ".join(ev.files),
+            "evidence_commit": commit,
+            "registered": claim.registered,
+            "decided_by": claim.decided_by,
+        })
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m analysis.claims",
+                                     description="Apply the registered rules (analysis/claims.yaml) to the "
+                                     "artefacts in REPORTS and write one row per claim (reports/claims.csv).")
+    parser.add_argument("reports", help="the reports/ folder whose tables are the evidence")
+    parser.add_argument("--output", "-o", required=True, help="CSV to write")
+    parser.add_argument("--registry", default=str(REGISTRY), help="the claims registry (default: %(default)s)")
+    parser.add_argument("--evidence-commit", default=None,
+                        help="the commit that computed the tables in REPORTS (default: this checkout's HEAD, as in a "
+                        "pipeline run; for tables committed earlier, the commit in their provenance.json)")
+    args = parser.parse_args(argv)
+    from analysis.io import write_csv
+    from swiftkv.provenance import git_commit
+
+    try:
+        frame = evaluate(args.reports, args.registry, commit=args.evidence_commit or git_commit())
+    except RegistryError as err:
+        parser.exit(2, f"error: {err}\n")
+    write_csv(frame, args.output)
+    counts = frame.groupby(["status", "verdict"]).size()
+    print("; ".join(f"{s}, {v}: {n}" for (s, v), n in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -461,6 +461,35 @@ def claims_html(items: list[Claim]) -> str:
             f"<th>verdict</th><th>evidence</th></tr>{rows}</table>")
 
 
+def registry_html(frame: pd.DataFrame) -> str:
+    """The registered claims (reports/claims.csv): rule, deciding point, verdict over every point, status."""
+    def row(r) -> str:
+        verdict = "not measured yet" if r.status == "awaiting" else r.verdict
+        cls = "v-absent" if r.status == "awaiting" else _verdict_class(r.verdict)
+        est = "" if pd.isna(r.estimate) else (f"{r.estimate:.4g}" + ("" if pd.isna(r.lo) else
+                                                                    f" [{r.lo:.4g}, {r.hi:.4g}]"))
+        where = f"<br><span class='cap'>{html.escape(str(r.deciding_point))}</span>" if est else ""
+        points = (f"<details><summary>{int(r.n_points)} point(s)</summary>{html.escape(str(r.points))}</details>"
+                  if r.n_points else "")
+        why = html.escape(str(r.why)) if isinstance(r.why, str) else ""
+        return (f"<tr class='{cls}'><td><code>{html.escape(r.id)}</code><br>{html.escape(r.statement)}</td>"
+                f"<td>{html.escape(r.rule)}</td><td>{est}{where}{points}</td><td><b>{html.escape(verdict)}</b></td>"
+                f"<td>{html.escape(r.status)}<br><span class='cap'>{why}</span></td></tr>")
+
+    return ("<table class='claims'><tr><th>claim (analysis/claims.yaml)</th><th>rule, written before the data</th>"
+            "<th>deciding point (95% interval)</th><th>verdict over every point</th><th>status</th></tr>"
+            + "".join(row(r) for r in frame.itertuples()) + "</table>")
+
+
+def registry_summary(frame: pd.DataFrame) -> str:
+    decided = frame[frame.status == "decided"].verdict.value_counts()
+    provisional = frame[frame.status == "provisional"].verdict.value_counts()
+    part = lambda c: ", ".join(f"{n} {v}" for v, n in c.items()) or "none"  # noqa: E731
+    return (f"{len(frame)} registered claims: {int((frame.status == 'decided').sum())} decided by this run "
+            f"({part(decided)}); {int((frame.status == 'provisional').sum())} provisional, from single runs, until "
+            f"their registered run ({part(provisional)}); {int((frame.status == 'awaiting').sum())} await their run.")
+
+
 def _inline(text: str) -> str:
     text = html.escape(text.replace("``", "`"))
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
@@ -601,18 +630,25 @@ def provenance_html(prov: dict) -> str:
     return f"<table class='claims'>{rows}</table>"
 
 
-def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict, note: str = "") -> str:
+def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict, note: str = "",
+                registry: pd.DataFrame | None = None) -> str:
     nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>"
                    for s in sections)
     counts = pd.Series([_verdict_class(c.verdict) for c in claim_items]).value_counts().to_dict()
     summary = (f"{counts.get('v-holds', 0)} claims hold, {counts.get('v-fails', 0)} do not, "
                f"{counts.get('v-unclear', 0)} cannot be told apart at this sample size, "
                f"{counts.get('v-absent', 0)} are not measured in this profile.")
+    claims_part = f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
+    if registry is not None:
+        summary = registry_summary(registry)
+        claims_part = (f"<h2 id='claims'>The paper's claims, by registered rules</h2>{registry_html(registry)}"
+                       "<h2 id='posthoc'>Earlier judgements (rules chosen after the data; superseded by the table "
+                       f"above, kept for comparison)</h2>{claims_html(claim_items)}")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p>{summary} Every number below is produced by the pipeline; the paper's numbers are kept as data in "
             f"<code>analysis/paper/</code>.</p>" + (f"<p class='note'>{_inline(note)}</p>" if note else "")
             + f"<nav>{nav}</nav>"
-            f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
+            + claims_part
             + "".join(s.html() for s in sections)
             + f"<h2 id='provenance'>Provenance</h2>{provenance_html(provenance)}</body></html>")

@@ -10,6 +10,15 @@ import sys
 from swiftkv.errors import SwiftKVError
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to an option's help unless the help already names its default or there is none."""
+
+    def _get_help_string(self, action):
+        if "default" in (action.help or "") or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``error: swiftkv CMD: what is wrong (see swiftkv CMD --help)``, exit 2."""
 
@@ -702,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
                          ">= l and the heads); also the rate a teacher cache is built at and the largest loss "
                          "difference between the paths. JSON keys: tokens_per_s.{naive,shared_prefix,uncached,cached},"
                          " cache_build_tokens_per_s, loss_max_abs_diff.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=_DefaultsFormatter)
     _add_model_args(p, dtype="auto")
     p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per packed row")
@@ -711,10 +720,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-weights", action="store_true",
                    help="MODEL is a config file (e.g. config/models/llama-3.1-8b-instruct.json): random weights and "
                    "random packed rows, no tokenizer or data needed")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=positive_int, default=3)
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--seed", type=int, default=0, help="seed of the packed rows and of --random-weights")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per path before timing")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per path, interleaved")
     p.add_argument("--chunk-size", type=positive_int, default=1024,
                    help="positions per chunk of full-vocabulary logits in the trainer's loss")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

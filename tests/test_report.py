@@ -125,6 +125,21 @@ def test_markdown_tables_and_a_self_contained_page(tmp_path):
     assert page.count("<tr class='v-absent'>") == len(claims({}))
 
 
+def test_the_page_leads_with_the_registered_claims():
+    from pathlib import Path
+
+    from analysis.claims import evaluate
+
+    registry = evaluate(Path(__file__).resolve().parents[1] / "reports", commit="abc")
+    page = render_html("T", claims({}), [], {"git commit": "abc"}, registry=registry)
+    assert page.index("by registered rules") < page.index("Earlier judgements")
+    assert f"{len(registry)} registered claims:" in page
+    for cid in registry.id:
+        assert f"<code>{cid}</code>" in page
+    awaiting = int((registry.status == "awaiting").sum())
+    assert page.count("not measured yet") == awaiting > 0
+
+
 @pytest.mark.parametrize("profile", ["config/config.yaml", "config/ci.yaml"])
 def test_report_rule_is_in_the_dag(profile, tmp_path):
     import subprocess

@@ -54,3 +54,30 @@ def test_distill_rule_passes_the_sheet_row_and_the_profile_budget():
     for part in ("--variant swiftkv-50-mqa-1", "--model-id smollm2-135m", "--tokens 512", "--max-length 256",
                  "--resume", "-o results/checkpoints/smollm2-135m/swiftkv-50-mqa-1"):
         assert part in cmd, cmd
+
+
+@pytest.mark.parametrize("flag", ["--unlock", "--list-rules"])
+def test_housekeeping_commands_need_no_cores(flag):
+    """`snakemake --unlock` (after a killed run) and `--list-rules` work without --cores: the rules that take every
+    core read it through ALL_CORES, which is 1 when no core count was given (no job runs then)."""
+    out = subprocess.run([sys.executable, "-m", "snakemake", flag], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "WorkflowError" not in out.stderr
+
+
+def _distill_threads(*configfiles: str, cores: int) -> set[str]:
+    cmd = [sys.executable, "-m", "snakemake", "results/distill/summary.csv", "-n", "-p", "--nolock", "--forceall",
+           "--cores", str(cores)]
+    if configfiles:
+        cmd += ["--configfile", *configfiles]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return {line.split("--threads ")[1].split()[0] for line in out.stdout.splitlines()
+            if " distill " in line and "--variant " in line and "--threads " in line}
+
+
+def test_distillations_run_side_by_side_on_the_default_profile_and_alone_on_the_paper_profile():
+    """distill.threads_per_job: 1 in the default profile (two 1-thread jobs at once on two cores), null (every core,
+    one job at a time on the GPUs) in the paper profile."""
+    assert _distill_threads(cores=4) == {"1"}
+    assert _distill_threads("config/paper.yaml", cores=4) == {"4"}

@@ -72,7 +72,7 @@ rule compute_simscore:
     params:
         source=model_source,
         cfg=config["simscore"],
-    threads: workflow.cores  # forward passes use every core; one model at a time
+    threads: ALL_CORES  # forward passes use every core; one model at a time
     shell:
         "swiftkv simscore {params.source} --name {wildcards.model} --dtype {DTYPE} --threads {threads}"
         " --num-sequences {params.cfg[num_sequences]} --max-tokens {params.cfg[max_tokens]}"
@@ -108,7 +108,7 @@ rule bench_forward_time:
     params:
         source=model_source,
         cfg=config["prefill_time"],
-    threads: workflow.cores  # a timing job runs alone
+    threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench prefill {params.source} --dtype {DTYPE} --threads {threads}"
         " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"

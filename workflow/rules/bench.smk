@@ -13,7 +13,7 @@ rule bench_prefill:
     params:
         source=model_source,
         cfg=config["bench_prefill"],
-    threads: workflow.cores  # a timing job runs alone
+    threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench prefill {params.source} --dtype {DTYPE} --threads {threads}"
         " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"

@@ -4,8 +4,29 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from snakemake.exceptions import WorkflowError
 
 MODELS = {m["id"]: m for m in config["models"]}
+
+
+def _all_cores():
+    """Every core snakemake was given; 1 when it was given none (--unlock, --list-rules, ...), where no job runs."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
+ALL_CORES = _all_cores()  # the threads of a job that runs alone (timings) or uses every core
+
+
+def _distill_threads():
+    """Threads of one distillation job (config distill.threads_per_job; null = every core, one job at a time)."""
+    per_job = config["distill"].get("threads_per_job")
+    return min(per_job, ALL_CORES) if per_job else ALL_CORES
+
+
+DISTILL_THREADS = _distill_threads()
 
 
 wildcard_constraints:

@@ -20,7 +20,7 @@ rule build_teacher_cache:
         source=model_source,
         spec=teacher_cache_spec,
         d=config["distill"],
-    threads: workflow.cores
+    threads: ALL_CORES
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.spec[layers]} --tokens {params.spec[tokens]}"
         " --max-length {params.d[max_length]} --heldout-tokens {params.d[heldout_tokens]} --seed {wildcards.seed}"
@@ -44,7 +44,7 @@ rule distill_swiftkv:
         model=model_source,
         budget=distill_budget_args,
         cache=teacher_cache_arg,
-    threads: workflow.cores
+    threads: DISTILL_THREADS
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
         "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
@@ -68,7 +68,7 @@ rule distill_swiftkv_curve:
         model=model_source,
         budget=distill_curve_args,
         cache=teacher_cache_arg,
-    threads: workflow.cores
+    threads: DISTILL_THREADS
     shell:
         "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
         "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
@@ -126,6 +126,6 @@ rule bench_distill:
     params:
         model=model_source,
         options=bench_distill_args,
-    threads: workflow.cores
+    threads: ALL_CORES
     shell:
         "swiftkv bench distill {params.model} {params.options} --threads {threads} -o {output} > {log} 2>&1"

@@ -139,7 +139,7 @@ if EVAL["suite"] == "bigbench":
         params:
             source=model_source,
             batch=EVAL["batch_size"],
-        threads: workflow.cores
+        threads: ALL_CORES
         shell:
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
             " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {DTYPE} --threads {threads}"
@@ -192,7 +192,7 @@ rule eval_swiftkv:
         include=eval_include_args,
         fidelity=eval_fidelity_args,
         batch=EVAL["batch_size"],
-    threads: workflow.cores
+    threads: ALL_CORES
     shell:
         "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
         " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"

@@ -28,9 +28,28 @@ def report_sections():
             for title, path, caption in REPORT_SECTIONS]
 
 
+# The registered claims (analysis/claims.yaml) against this run's tables: one row per claim, its rule, every point,
+# the verdict over all of them and whether this run decides it (reports/claims.csv).
+CLAIM_TABLES = ["table1", "table_kv_memory", "simscore_crossings", "table2", "table4a", "table4b", "tableB1", "tableB2",
+                "table3", "tableA3"]
+
+
+rule make_claims:
+    input:
+        registry="analysis/claims.yaml",
+        tables=expand("reports/{name}.csv", name=CLAIM_TABLES),
+    output:
+        "reports/claims.csv",
+    log:
+        "logs/make_claims.log",
+    shell:
+        "python -m analysis.claims reports -o {output} > {log} 2>&1"
+
+
 rule render_report:
     input:
         **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
+        registry="reports/claims.csv",
         prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
         serve=serve_results("throughput"),
         latency=serve_results("latency"),

@@ -183,7 +183,7 @@ rule bench_serve:
         "benchmarks/bench_serve/{engine}/{model}/{study}.tsv"
     params:
         args=serve_args,
-    threads: workflow.cores  # a timing job runs alone
+    threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench serve {params.args} --threads {threads} --on-unavailable mark --output {output} > {log} 2>&1"
 

@@ -3,6 +3,8 @@
 import logging
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.io import read_prefill_time, write_text
 from analysis.report import Section, claims, fill_caption, render_html
 from analysis.serving import load_results
@@ -10,7 +12,7 @@ from swiftkv.provenance import provenance
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821
-paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str)}
+paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str) and name != "registry"}
 prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
 serve = load_results(inp.serve) if inp.serve else None
 latency = load_results(inp.latency) if inp.latency else None
@@ -23,6 +25,7 @@ extra = {"vLLM (CPU build, own venv)": vllm_env.read_text().strip()} if vllm_env
 prov = provenance(params.profile, params.config_hash, extra=extra)
 note = ("CI profile: tiny samples and sizes that test the pipeline end to end; its numbers and verdicts say nothing "
         "about the paper." if "ci.yaml" in params.profile else "")
-write_text(render_html(params.title, items, sections, prov, note), snakemake.output[0])  # noqa: F821
+registry = pd.read_csv(inp.registry)
+write_text(render_html(params.title, items, sections, prov, note, registry=registry), snakemake.output[0])  # noqa: F821
 for c in items:
     logging.info("%s: %s (%s)", c.verdict, c.claim, c.measured)
