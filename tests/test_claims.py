@@ -153,3 +153,17 @@ def test_claims_cli_writes_one_row_per_claim_and_refuses_a_bad_registry(tmp_path
                           "--registry", str(tmp_path / "bad.yaml")], cwd=root, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.startswith("error:") and len(out.stderr.splitlines()) == 1
     assert not (tmp_path / "d.csv").exists()
+
+
+def test_the_readme_counts_match_the_committed_claims_csv():
+    import re
+
+    import pandas as pd
+
+    text = " ".join((REPORTS.parent / "README.md").read_text().split())
+    frame = pd.read_csv(REPORTS / "claims.csv")
+    m = re.search(r"For the committed tables: (\d+) decided and hold .*?, (\d+) provisional .*?, (\d+) awaiting", text)
+    assert m, "README: the sentence with the committed claim counts is gone"
+    decided_hold = int(((frame.status == "decided") & (frame.verdict == HOLDS)).sum())
+    assert (int(m[1]), int(m[2]), int(m[3])) == (decided_hold, int((frame.status == "provisional").sum()),
+                                                 int((frame.status == "awaiting").sum()))

@@ -76,8 +76,12 @@ def _distill_threads(*configfiles: str, cores: int) -> set[str]:
             if " distill " in line and "--variant " in line and "--threads " in line}
 
 
-def test_distillations_run_side_by_side_on_the_default_profile_and_alone_on_the_paper_profile():
-    """distill.threads_per_job: 1 in the default profile (two 1-thread jobs at once on two cores), null (every core,
-    one job at a time on the GPUs) in the paper profile."""
-    assert _distill_threads(cores=4) == {"1"}
+def test_distill_threads_per_job(tmp_path):
+    """distill.threads_per_job: null (every core, one job at a time) in the default and paper profiles; a profile
+    may set it (1: one-thread jobs side by side), capped at the cores given."""
+    assert _distill_threads(cores=4) == {"4"}
     assert _distill_threads("config/paper.yaml", cores=4) == {"4"}
+    (tmp_path / "side.yaml").write_text("distill:\n  threads_per_job: 1\n")
+    assert _distill_threads(str(tmp_path / "side.yaml"), cores=4) == {"1"}
+    (tmp_path / "many.yaml").write_text("distill:\n  threads_per_job: 16\n")
+    assert _distill_threads(str(tmp_path / "many.yaml"), cores=4) == {"4"}
