@@ -185,7 +185,7 @@ def _delta_points(reports: Path, name: str, variants: list[str], column: str, ne
         for _, r in rows.iterrows():
             est, lo, hi = _f(r[column]), _f(r[f"{column}_lo"]), _f(r[f"{column}_hi"])
             if negate:
-                est, lo, hi = -est, -hi, -lo
+                est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
             ref = r.get(f"{column}_row", "base") if column != "delta_base" else "base"
             row = v if kv_cache == "native" else f"{v} ({kv_cache} KV)"
             points.append(Point(f"{r['model']} {row} vs {ref}" if not negate else f"{r['model']} {ref} vs {row}",
@@ -290,8 +290,7 @@ def rule_text(rule: Rule) -> str:
     if rule.kind == "margin":
         return f"interval lower bound >= -{rule.margin:g}{unit}" + (" for every row" if rule.per_row else "")
     side = ">" if rule.direction == "above" else "<"
-    scope = "at every point" if rule.kind == "every_point" else "at every point (one per row)"
-    return f"95% interval {side} {rule.threshold:g}{of} {scope}"
+    return f"95% interval {side} {rule.threshold:g}{of} at every point"
 
 
 def _deciding(rule: Rule, points: list[Point]) -> Point | None:
