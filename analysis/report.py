@@ -484,7 +484,9 @@ def registry_html(frame: pd.DataFrame) -> str:
 def registry_summary(frame: pd.DataFrame) -> str:
     decided = frame[frame.status == "decided"].verdict.value_counts()
     provisional = frame[frame.status == "provisional"].verdict.value_counts()
-    part = lambda c: ", ".join(f"{n} {v}" for v, n in c.items()) or "none"  # noqa: E731
+    def part(counts: pd.Series) -> str:
+        return ", ".join(f"{n} {v}" for v, n in counts.items()) or "none"
+
     return (f"{len(frame)} registered claims: {int((frame.status == 'decided').sum())} decided by this run "
             f"({part(decided)}); {int((frame.status == 'provisional').sum())} provisional, from single runs, until "
             f"their registered run ({part(provisional)}); {int((frame.status == 'awaiting').sum())} await their run.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 
@@ -11,7 +13,7 @@ def fast_dtype(device: str) -> torch.dtype:
         return torch.bfloat16
     has_bf16 = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")() in ("AVX512", "AMX")
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
         has_bf16 = has_bf16 and ("avx512_bf16" in flags or "amx_bf16" in flags)
     except OSError:
         pass

@@ -145,12 +145,13 @@ def test_claims_cli_writes_one_row_per_claim_and_refuses_a_bad_registry(tmp_path
 
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "analysis.claims", str(REPORTS), "-o", str(tmp_path / "c.csv")],
-                         cwd=root, capture_output=True, text=True)
+                         cwd=root, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert len((tmp_path / "c.csv").read_text().splitlines()) > len(load_registry())  # header + rows (quoted text)
     (tmp_path / "bad.yaml").write_text("claims:\n  - {id: x, statement: s}\n")
     out = subprocess.run([sys.executable, "-m", "analysis.claims", str(REPORTS), "-o", str(tmp_path / "d.csv"),
-                          "--registry", str(tmp_path / "bad.yaml")], cwd=root, capture_output=True, text=True)
+                          "--registry", str(tmp_path / "bad.yaml")], cwd=root, capture_output=True, text=True,
+                         check=False)
     assert out.returncode == 2 and out.stderr.startswith("error:") and len(out.stderr.splitlines()) == 1
     assert not (tmp_path / "d.csv").exists()
 

