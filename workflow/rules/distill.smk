@@ -20,8 +20,8 @@ rule build_teacher_cache:
         source=model_source,
         spec=teacher_cache_spec,
         # only what the cache holds: a change of lr, threads or the curve's label must not rebuild it (and with it
-        # every distillation)
-        d={k: config["distill"][k] for k in ("max_length", "heldout_tokens", "data", "cache_dtype")},
+        # every distillation); .get: a profile without the cache (the paper's) need not set cache_dtype
+        d={k: config["distill"].get(k) for k in ("max_length", "heldout_tokens", "data", "cache_dtype")},
     threads: ALL_CORES
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.spec[layers]} --tokens {params.spec[tokens]}"
