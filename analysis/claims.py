@@ -149,11 +149,22 @@ class Evidence:
     missing: str = ""  # why there are no points (awaiting)
 
 
+class _NoEvidence(Exception):
+    """An evaluator found no point to judge: ``files`` it looked at, ``why`` (the claim is then awaiting)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(why)
+        self.path, self.why = path, why
+
+
 def _csv(reports: Path, name: str):
+    """The artefact ``reports/name`` as a frame, and its path; a missing one is no evidence (``_NoEvidence``)."""
     import pandas as pd
 
     path = reports / name
-    return (pd.read_csv(path), str(path)) if path.is_file() else (None, str(path))
+    if not path.is_file():
+        raise _NoEvidence(str(path), f"{path} is missing")
+    return pd.read_csv(path), str(path)
 
 
 def _f(value) -> float:
@@ -165,24 +176,21 @@ def _f(value) -> float:
 
 def _exact_points(reports: Path, name: str, value: str, paper: str, label) -> Evidence:
     df, path = _csv(reports, name)
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
     rows = df[df[paper].notna()]
     return Evidence([Point(label(r), _f(r[value]), _f(r[value]), _f(r[value]), paper=_f(r[paper]))
                      for _, r in rows.iterrows()], [path])
 
 
-def _delta_points(reports: Path, name: str, variants: list[str], column: str, negate: bool = False,
+def _delta_points(reports: Path, name: str, variants: list[str] | None, column: str, negate: bool = False,
                   kv_cache: str = "native") -> Evidence:
-    """Paired differences (and their 95% intervals) of the table's rows; negate: the claim's difference is the
-    reference row minus this row."""
+    """Paired differences (and their 95% intervals) of the table's rows of ``variants`` (None: every row with this
+    ``kv_cache``); negate: the claim's difference is the reference row minus this row."""
     df, path = _csv(reports, name)
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
+    if "kv_cache" in df:
+        df = df[df.kv_cache == kv_cache]
     points = []
-    for v in variants:
-        rows = df[(df.variant == v) & (df.kv_cache == kv_cache)] if "kv_cache" in df else df[df.variant == v]
-        for _, r in rows.iterrows():
+    for v in variants if variants is not None else list(df.variant):
+        for _, r in df[df.variant == v].iterrows():
             est, lo, hi = _f(r[column]), _f(r[f"{column}_lo"]), _f(r[f"{column}_hi"])
             if negate:
                 est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
@@ -191,24 +199,15 @@ def _delta_points(reports: Path, name: str, variants: list[str], column: str, ne
             points.append(Point(f"{r['model']} {row} vs {ref}" if not negate else f"{r['model']} {ref} vs {row}",
                                 est, lo, hi))
     if not points:
-        return Evidence([], [path], f"no row {', '.join(variants)} in {path}")
+        raise _NoEvidence(path, f"no row {', '.join(variants or [kv_cache + ' KV'])} in {path}")
     return Evidence(points, [path])
 
 
 def _simscore(reports: Path) -> Evidence:
     df, path = _csv(reports, "simscore_crossings.csv")
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
     rows = df[df.metric == "cosine"]
     return Evidence([Point(r["model"], _f(r["simscore_at_half"]), _f(r["ci_low_at_half"]), _f(r["ci_high_at_half"]))
                      for _, r in rows.iterrows()], [path])
-
-
-def _fp8(reports: Path) -> Evidence:
-    df, path = _csv(reports, "tableB1.csv")
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
-    return _delta_points(reports, "tableB1.csv", list(df[df.kv_cache == "fp8"].variant), "delta_ref", kv_cache="fp8")
 
 
 def _single_run(label: str, estimate: float) -> Point:
@@ -219,8 +218,6 @@ def _single_run(label: str, estimate: float) -> Point:
 def _memory_limits(reports: Path) -> Evidence:
     """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest."""
     df, path = _csv(reports, "table3.csv")
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
     df = df[df.status == "measured"].copy()
     df["mib"] = df.kv_limit.str.extract(r"([\d.]+)\s*MiB", expand=False).astype(float)
     points = []
@@ -231,21 +228,23 @@ def _memory_limits(reports: Path) -> Evidence:
         ratio = (t["swiftkv-50-acrosskv-3"] / t["swiftkv-50"]).sort_index()
         points.append(_single_run(f"{engine}: {ratio.index[0]:g} vs {ratio.index[-1]:g} MiB",
                                   ratio.iloc[0] - ratio.iloc[-1]))
-    return Evidence(points, [path], "" if points else f"no engine with two KV limits in {path}")
+    if not points:
+        raise _NoEvidence(path, f"no engine with two KV limits in {path}")
+    return Evidence(points, [path])
 
 
 def _sharegpt_trend(reports: Path) -> Evidence:
     """Per engine: Spearman correlation of the filter's input/output ratio with the SwiftKV 50% speedup."""
     df, path = _csv(reports, "tableA3.csv")
-    if df is None:
-        return Evidence([], [path], f"{path} is missing")
     df = df[(df.status == "measured") & (df.variant == "swiftkv-50")]
     points = []
     for engine, g in df.groupby("engine"):
         if len(g) >= 2:
             rho = g["min_ratio"].rank().corr(g["speedup"].rank())
             points.append(_single_run(f"{engine} ({len(g)} ratios)", rho))
-    return Evidence(points, [path], "" if points else f"fewer than two measured ratios per engine in {path}")
+    if not points:
+        raise _NoEvidence(path, f"fewer than two measured ratios per engine in {path}")
+    return Evidence(points, [path])
 
 
 def _awaiting(what: str):
@@ -272,7 +271,7 @@ EVALUATORS = {
                                                    negate=True),
     "partial-beats-full": lambda r: _delta_points(r, "table4b.csv", ["swiftkv-50-full"], "delta_ref", negate=True),
     "acrosskv-beats-mqa": lambda r: _delta_points(r, "tableB2.csv", ["swiftkv-50-mqa-1"], "delta_ref", negate=True),
-    "fp8-costs-little": _fp8,
+    "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", None, "delta_ref", kv_cache="fp8"),
     "throughput-gain": _awaiting("throughput repeats (>= 5 per point) are not run yet; Fig. 3's single runs are in "
                                  "results/"),
     "ttft-lower": _awaiting("latency runs of >= 50 requests per rate are not run yet"),
@@ -323,7 +322,10 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
     for claim in load_registry(registry):
         if claim.id not in EVALUATORS:
             raise RegistryError(f"{registry}: claim {claim.id} has no evaluator in analysis/claims.py")
-        ev = EVALUATORS[claim.id](reports)
+        try:
+            ev = EVALUATORS[claim.id](reports)
+        except _NoEvidence as none:
+            ev = Evidence([], [none.path], none.why)
         verdict = decide(claim.rule, ev.points)
         decider = _deciding(claim.rule, ev.points)
         by_current_run = claim.decided_by.startswith("default profile")

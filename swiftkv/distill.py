@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftkv.errors import SwiftKVError
 from swiftkv.data import HELDOUT_SEED
+from swiftkv.errors import SwiftKVError
 from swiftkv.losses import distill_kl, eval_metrics, lm_cross_entropy
 
 logger = logging.getLogger(__name__)
@@ -286,7 +286,6 @@ class HeldOut:
 
 
 # -- data --------------------------------------------------------------------------------------------------------
-
 
 
 def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):

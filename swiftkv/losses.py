@@ -60,7 +60,8 @@ def head_loss(hidden: torch.Tensor, head: torch.nn.Linear, loss_fn: ChunkLoss, *
 
 
 @torch.no_grad()
-def kl_and_grad(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def kl_and_grad(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """T^2 * KL(teacher_T || student_T) summed over rows, and its gradient with respect to the student logits — in
     closed form, reusing the two logit buffers (both are overwritten: the student's ends as the gradient).
 
@@ -86,12 +87,13 @@ class HeadKL(torch.autograd.Function):
         total = hidden.new_zeros((), dtype=torch.float32)
         w = weight.detach()
         b = None if bias is None else bias.detach()
+        w32 = w.float()  # the closed-form gradient is fp32: one copy of a bf16 head per call, not one per chunk
         for start in range(0, hidden.shape[0], chunk_size):
             stop = start + chunk_size
             s = F.linear(hidden[start:stop].detach(), w, b)  # n,V
             t = F.linear(teacher_hidden[start:stop].detach(), w, b)  # n,V
             loss, g = kl_and_grad(s, t, temperature)
-            grad[start:stop] = (g @ w.float()).to(grad.dtype)  # n,H
+            grad[start:stop] = (g @ w32).to(grad.dtype)  # n,H
             total += loss
         ctx.save_for_backward(grad)
         return total
