@@ -147,6 +147,10 @@ class Evidence:
     points: list[Point]
     files: list[str]
     missing: str = ""  # why there are no points (awaiting)
+    seeded: bool = False  # the points carry training-seed variance (>= MIN_SEEDS seeds: reports/seeds.csv)
+
+
+MIN_SEEDS = 3  # the registry's "seeds x examples" estimators need at least this many training seeds per trained row
 
 
 class _NoEvidence(Exception):
@@ -163,7 +167,7 @@ def _csv(reports: Path, name: str):
 
     path = reports / name
     if not path.is_file():
-        raise _NoEvidence(str(path), f"{path} is missing")
+        raise _NoEvidence(str(path), f"{Path(reports.name) / name} is missing")
     return pd.read_csv(path), str(path)
 
 
@@ -201,6 +205,44 @@ def _delta_points(reports: Path, name: str, variants: list[str] | None, column: 
     if not points:
         raise _NoEvidence(path, f"no row {', '.join(variants or [kv_cache + ' KV'])} in {path}")
     return Evidence(points, [path])
+
+
+def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, column: str = "delta_ref",
+                   fallback=None) -> Evidence:
+    """The pooled rows of ``reports/seeds.csv`` (seed = all): ``column`` of each of ``variants`` against ``ref``
+    (``delta_base``: against the base model), intervals over training seeds and examples. The claim is decided by
+    them only if every row (and its reference) has at least MIN_SEEDS training seeds; otherwise the table's
+    single-run points (``fallback``) stand in, or the seeded rows there are, and the claim is provisional."""
+    df, path = _csv(reports, "seeds.csv") if (reports / "seeds.csv").is_file() or fallback is None else (None, "")
+    if df is None:
+        return fallback(reports)
+    pooled = df[df.seed.astype(str) == "all"].set_index("variant")
+
+    def enough(name):  # an untrained row has one evaluation and no training seed
+        return name in pooled.index and (pooled.loc[name, "n_seeds"] >= MIN_SEEDS
+                                         or str(pooled.loc[name, "seeds"]) == "untrained")
+
+    points, lacking = [], []
+    for v in variants:
+        if not enough(v) or (column == "delta_ref" and (pooled.loc[v, "ref"] != ref or not enough(ref))):
+            lacking.append(v)
+            continue
+        r = pooled.loc[v]
+        est, lo, hi = _f(r[column]), _f(r[f"{column}_lo"]), _f(r[f"{column}_hi"])
+        seeds = max(r["n_seeds"], pooled.loc[ref, "n_seeds"] if column == "delta_ref" else 0)
+        label = f"{r['model']} {v} vs {ref}"
+        if negate:
+            est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
+            label = f"{r['model']} {ref} vs {v}"
+        points.append(Point(f"{label} ({int(seeds)} seeds)", est, lo, hi))
+    if not lacking:
+        return Evidence(points, [path], seeded=True)
+    if fallback is not None:
+        return fallback(reports)
+    if not points:
+        raise _NoEvidence(path, f"{path} has no pooled row with >= {MIN_SEEDS} seeds for {', '.join(lacking)} "
+                          f"against {ref}")
+    return Evidence(points, [path], missing=f"no row with >= {MIN_SEEDS} seeds for {', '.join(lacking)}")
 
 
 def _simscore(reports: Path) -> Evidence:
@@ -261,16 +303,25 @@ EVALUATORS = {
     "simscore-predicts-loss": _awaiting("reports/budget_scaling.csv (the budget-scaling study) is not run yet"),
     "prefill-time-halved": _awaiting("the repeat-level timings behind Fig. 2 (right) are in results/, not reports/; "
                                      "evaluated once they are committed (raw results)"),
-    "quality-loss-25": lambda r: _delta_points(r, "table2.csv", ["swiftkv-25"], "delta_base"),
-    "quality-loss-50": lambda r: _delta_points(r, "table2.csv", ["swiftkv-50"], "delta_base"),
-    "quality-cliff-beyond-50": _awaiting("the paired difference swiftkv-62 - swiftkv-50 is not in reports/ (seeds "
-                                         "run)"),
-    "acrosskv-costs-little": _awaiting("the paired differences AcrossKV - swiftkv-50 are not in reports/ (seeds run)"),
-    "kl-beats-lm-loss": lambda r: _delta_points(r, "table4a.csv", ["swiftkv-50-lm"], "delta_ref", negate=True),
-    "distillation-needed": lambda r: _delta_points(r, "table4a.csv", ["swiftkv-50-nodistill"], "delta_ref",
-                                                   negate=True),
-    "partial-beats-full": lambda r: _delta_points(r, "table4b.csv", ["swiftkv-50-full"], "delta_ref", negate=True),
-    "acrosskv-beats-mqa": lambda r: _delta_points(r, "tableB2.csv", ["swiftkv-50-mqa-1"], "delta_ref", negate=True),
+    "quality-loss-25": lambda r: _seeded_points(r, ["swiftkv-25"], "base", False, "delta_base", lambda r: (
+        _delta_points(r, "table2.csv", ["swiftkv-25"], "delta_base"))),
+    "quality-loss-50": lambda r: _seeded_points(r, ["swiftkv-50"], "base", False, "delta_base", lambda r: (
+        _delta_points(r, "table2.csv", ["swiftkv-50"], "delta_base"))),
+    "quality-cliff-beyond-50": lambda r: _seeded_points(r, ["swiftkv-62"], "swiftkv-50", False),
+    "acrosskv-costs-little": lambda r: _seeded_points(r, ["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"],
+                                                      "swiftkv-50", False),
+    "kl-beats-lm-loss": lambda r: _seeded_points(r, ["swiftkv-50-lm"], "swiftkv-50", True, fallback=lambda r: (
+        _delta_points(r, "table4a.csv", ["swiftkv-50-lm"], "delta_ref", negate=True))),
+    "distillation-needed": lambda r: _seeded_points(r, ["swiftkv-50-nodistill"], "swiftkv-50", True,
+                                                    fallback=lambda r: _delta_points(
+                                                        r, "table4a.csv", ["swiftkv-50-nodistill"], "delta_ref",
+                                                        negate=True)),
+    "partial-beats-full": lambda r: _seeded_points(r, ["swiftkv-50-full"], "swiftkv-50", True, fallback=lambda r: (
+        _delta_points(r, "table4b.csv", ["swiftkv-50-full"], "delta_ref", negate=True))),
+    "acrosskv-beats-mqa": lambda r: _seeded_points(r, ["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", True,
+                                                   fallback=lambda r: _delta_points(
+                                                       r, "tableB2.csv", ["swiftkv-50-mqa-1"], "delta_ref",
+                                                       negate=True)),
     "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", None, "delta_ref", kv_cache="fp8"),
     "throughput-gain": _awaiting("throughput repeats (>= 5 per point) are not run yet; Fig. 3's single runs are in "
                                  "results/"),
@@ -312,12 +363,15 @@ def _fmt(v: float) -> str:
     return "nan" if math.isnan(v) else f"{v:.4g}"
 
 
-def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = ""):
+def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
+             commits: dict[str, str] | None = None):
     """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
-    its status (decided / provisional / awaiting). Returns a DataFrame in the registry's order."""
+    its status (decided / provisional / awaiting). ``commit``: the commit that computed the evidence; ``commits``:
+    per evidence file name (``seeds.csv``), where files come from different runs. Returns a DataFrame in the
+    registry's order; ``evidence_commit`` lists one commit per evidence file."""
     import pandas as pd
 
-    reports = Path(reports)
+    reports, commits = Path(reports), commits or {}
     rows = []
     for claim in load_registry(registry):
         if claim.id not in EVALUATORS:
@@ -329,7 +383,18 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
         verdict = decide(claim.rule, ev.points)
         decider = _deciding(claim.rule, ev.points)
         by_current_run = claim.decided_by.startswith("default profile")
-        status = AWAITING if not ev.points else DECIDED if by_current_run else PROVISIONAL
+        scaling_pending = "budget-scaling" in claim.decided_by  # (the study is not built yet: issue 16, item 3)
+        status = (AWAITING if not ev.points else DECIDED if by_current_run or (ev.seeded and not scaling_pending)
+                  else PROVISIONAL)
+        if status == PROVISIONAL and ev.seeded:
+            why = (f"decided at the table budget by the seeds run ({'; '.join(ev.files)}); the ordering across budgets "
+                   "awaits the budget-scaling study")
+        elif status == PROVISIONAL and ev.missing:
+            why = f"decided by {claim.decided_by}; these points are seeded, but {ev.missing} yet"
+        elif status == PROVISIONAL:
+            why = f"decided by {claim.decided_by}; these points are from single training runs or single serving runs"
+        else:
+            why = ev.missing if status == AWAITING else ""
         rows.append({
             "id": claim.id,
             "statement": claim.statement,
@@ -344,11 +409,9 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "n_points": len(ev.points),
             "verdict": verdict,
             "status": status,
-            "why": (ev.missing if status == AWAITING else
-                    f"decided by {claim.decided_by}; these points are from single training runs or single serving "
-                    "runs" if status == PROVISIONAL else ""),
+            "why": why,
             "evidence": " ".join(ev.files),
-            "evidence_commit": commit,
+            "evidence_commit": " ".join(commits.get(Path(f).name, commit) for f in ev.files) or commit,
             "registered": claim.registered,
             "decided_by": claim.decided_by,
         })
@@ -367,12 +430,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evidence-commit", default=None,
                         help="the commit that computed the tables in REPORTS (default: this checkout's HEAD, as in a "
                         "pipeline run; for tables committed earlier, the commit in their provenance.json)")
+    parser.add_argument("--commit-of", action="append", default=[], metavar="FILE=COMMIT",
+                        help="the commit that computed one evidence file (e.g. seeds.csv=abc123), where the tables "
+                        "come from different runs; repeatable")
     args = parser.parse_args(argv)
+    bad = [x for x in args.commit_of if x.count("=") != 1 or not all(x.split("="))]
+    if bad:
+        parser.exit(2, f"error: --commit-of {bad[0]!r}: expected FILE=COMMIT, e.g. seeds.csv=abc123\n")
     from analysis.io import write_csv
     from swiftkv.provenance import git_commit
 
     try:
-        frame = evaluate(args.reports, args.registry, commit=args.evidence_commit or git_commit())
+        frame = evaluate(args.reports, args.registry, commit=args.evidence_commit or git_commit(),
+                         commits=dict(x.split("=") for x in args.commit_of))
     except RegistryError as err:
         parser.exit(2, f"error: {err}\n")
     write_csv(frame, args.output)

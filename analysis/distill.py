@@ -56,6 +56,24 @@ def summarize_runs(run_dirs: list[str | Path]) -> pd.DataFrame:
     return table
 
 
+def lr_sweep_table(run_dirs: list[str | Path], configured: dict[str, float]) -> pd.DataFrame:
+    """The learning-rate sweep: one row per run (model, variant, scope, lr, held-out KL before and after), ``chosen``
+    = the lowest final held-out KL of its (model, variant) — the rule, fixed before the sweep ran — ``at_edge`` = the
+    chosen lr is the smallest or largest tried (the optimum may lie outside the grid), ``configured`` = the lr the
+    profile trains that scope with (config distill.lr_by_scope, else overrides.lr)."""
+    table = summarize_runs(run_dirs)
+    table.insert(4, "lr", [json.loads((Path(d) / SUMMARY_FILE).read_text())["settings"]["lr"] for d in run_dirs])
+    table = table.sort_values(["model", "variant", "lr"], ignore_index=True)
+    best = table.groupby(["model", "variant"])["heldout_kl_final"].transform("min")
+    table["chosen"] = table["heldout_kl_final"] == best
+    edges = table.groupby(["model", "variant"])["lr"].transform(lambda x: (x == x.min()) | (x == x.max()))
+    table["at_edge"] = table["chosen"] & edges
+    table["configured"] = [configured.get(scope) == lr for scope, lr in zip(table["scope"], table["lr"])]
+    keep = ["model", "variant", "scope", "lr", "train_tokens", "heldout_kl_initial", "heldout_kl_final",
+            "heldout_student_nll_final", "chosen", "at_edge", "configured"]
+    return table[keep]
+
+
 def plot_heldout_curve(curve: pd.DataFrame, table: pd.DataFrame | None, table_tokens: int, label: str, path):
     """Held-out KL vs training tokens for the long run, with the table-budget run and its budget marked."""
     import matplotlib

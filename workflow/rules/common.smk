@@ -129,16 +129,25 @@ def distill_budget_args(wildcards):
         "batch-size": d["batch_size"],
     }
     opts.update(d.get("overrides", {}))
+    seed = getattr(wildcards, "seed", None)
+    if seed is not None:  # a seeds-study run (rule distill_swiftkv_seed)
+        opts["seed"] = int(seed)
+    scope = VARIANTS.loc[(wildcards.model, wildcards.variant)].scope if hasattr(wildcards, "variant") else None
+    if scope in d.get("lr_by_scope", {}):  # the lr the sweep chose for this training scope (reports/lr_sweep.csv)
+        opts["lr"] = d["lr_by_scope"][scope]
+    lr = getattr(wildcards, "lr", None)
+    if lr is not None:  # a learning-rate sweep run (rule distill_lr_sweep)
+        opts["lr"] = lr
     return " ".join(f"--{k} {v}" for k, v in opts.items())
 
 
 def teacher_cache_spec(wildcards):
-    """What the model's teacher cache must hold: every l its trainable rows use, and the largest budget of the profile
-    (the table budget, or the distillation curve's for its model)."""
+    """What the model's teacher cache of a seed must hold: every l its trainable rows use, and the largest budget
+    trained from it (the table budget, or the distillation curve's for its model and the profile's seed)."""
     d, model = config["distill"], wildcards.model
     rows = VARIANTS[(VARIANTS.model == model) & (VARIANTS.variant != "base")]
     tokens = d["tokens"]
-    if d["curve"]["model"] == model:
+    if d["curve"]["model"] == model and int(wildcards.seed) == d["seed"]:  # the curve trains with the profile's seed
         tokens = max(tokens, d["curve"]["tokens"])
     return {"layers": " ".join(str(l) for l in sorted(set(rows.num_key_value_layers))), "tokens": tokens}
 
@@ -147,7 +156,8 @@ def teacher_cache_input(wildcards):
     """The distillation's teacher cache (profiles with distill.teacher_cache), else nothing."""
     if not config["distill"]["teacher_cache"]:
         return []
-    return [f"results/teacher_cache/{wildcards.model}/seed-{config['distill']['seed']}"]
+    seed = getattr(wildcards, "seed", config["distill"]["seed"])
+    return [f"results/teacher_cache/{wildcards.model}/seed-{seed}"]
 
 
 def teacher_cache_arg(wildcards, input):

@@ -6,6 +6,15 @@ wildcard_constraints:
     variant="[a-z0-9][a-z0-9.-]*",
 
 
+# One distillation run into {output} (also the seeds study's and the lr sweep's, workflow/rules/seeds.smk); params
+# budget carries the seed and lr of the run (common.smk: distill_budget_args).
+DISTILL_SHELL = (
+    "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
+    "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
+    " > {log} 2>&1"
+)
+
+
 # The teacher's side of every distillation of a model (all variants, budgets, losses): one pass, one cache per seed.
 rule build_teacher_cache:
     input:
@@ -48,9 +57,7 @@ rule distill_swiftkv:
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
     shell:
-        "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
-        " > {log} 2>&1"
+        DISTILL_SHELL
 
 
 # The same student trained on a longer budget with frequent held-out evaluations: where does the KL flatten?
@@ -72,9 +79,7 @@ rule distill_swiftkv_curve:
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
     shell:
-        "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-        "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
-        " > {log} 2>&1"
+        DISTILL_SHELL
 
 
 rule collect_distill:

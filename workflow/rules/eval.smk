@@ -27,6 +27,9 @@ def eval_target(wildcards):
     """What `swiftkv eval` loads: the base model itself, or the variant's SwiftKV checkpoint."""
     if wildcards.variant == "base":
         return model_source(wildcards)
+    seed = getattr(wildcards, "seed", None)
+    if seed is not None:  # a seeds-study student (workflow/rules/seeds.smk)
+        return seed_checkpoint(wildcards.model, wildcards.variant, int(seed))
     return f"results/checkpoints/{wildcards.model}/{wildcards.variant}"
 
 
@@ -175,6 +178,14 @@ else:
 
 # -- one row: a model or checkpoint, with the native or an FP8 KV cache -------------------------------------------
 
+# One evaluation (also of the seeds study's students, workflow/rules/seeds.smk).
+EVAL_SHELL = (
+    "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
+    " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
+    " {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
+    " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
+)
+
 
 rule eval_swiftkv:
     input:
@@ -194,10 +205,7 @@ rule eval_swiftkv:
         batch=EVAL["batch_size"],
     threads: ALL_CORES
     shell:
-        "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
-        " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
-        " {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
-        " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
+        EVAL_SHELL
 
 
 # -- tables ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""Training-seed variance (issue 16): the compared rows of Tables 2, 4a, 4b and B.2 distilled with several seeds.
+
+A seed changes the training token stream (which conversations, in which order; the teacher cache of that seed); the
+initialisation of SwiftKV is deterministic and the held-out and evaluation sets are fixed. Every seed's student is
+evaluated exactly as the tables' rows are (the same tasks, examples, perplexity documents and fidelity sequences).
+
+``reports/seeds.csv`` has one row per (model, variant, seed) — ``seed`` = the seed — and one pooled row per
+(model, variant) — ``seed`` = ``all`` — whose intervals come from a two-level bootstrap over training seeds and
+report-split examples (``analysis.stats.hierarchical_difference_ci``):
+
+- ``average``: task-average accuracy (percent), the mean over seeds;
+- ``delta_base``: average minus the base model's, paired on the same examples;
+- ``delta_ref`` / ``ref``: the same against the row this one is compared with (``reference``): SwiftKV 50% for the
+  ablations, the AcrossKV row of the same KV budget for MQA; both rows' seeds are resampled;
+- ``average_seed_sd``: the standard deviation of the per-seed averages (the spread training alone adds);
+- ``heldout_kl``: the training log's final held-out KL (nats/token; ``swiftkv distill``'s fixed 2,048-token
+  held-out sample) — per seed, and its mean and seed SD in the pooled row;
+- ``kl`` / ``top1``: the evaluation's fidelity to the teacher (``swiftkv.fidelity``: KL per token and top-1
+  agreement on the fidelity sequences), per seed and mean.
+
+A row without training (the untrained rewiring) has one evaluation, used for every seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.io import read_json, task_scores
+from analysis.stats import BootstrapSettings, hierarchical_difference_ci
+
+SUMMARY_FILE = "distill.json"
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One evaluated student: its row, its training seed (None: not trained) and where its results are."""
+
+    model: str
+    variant: str
+    seed: int | None
+    lm_eval: str | Path
+    fidelity: str | Path | None = None
+    checkpoint: str | Path | None = None
+
+
+def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]:
+    """Per task: (seeds, examples) scores of ``runs`` on the base model's examples, in the base model's order."""
+    out = []
+    for t in tasks:
+        keys = task_scores(base, t["name"], t["metric"]).keys
+        out.append(np.stack([task_scores(r, t["name"], t["metric"]).aligned(keys) for r in runs]))
+    return out
+
+
+def _fidelity(path) -> dict:
+    if not path or not Path(path).is_file():
+        return {}
+    tf = read_json(path)["teacher_forced"]
+    tokens = sum(r["tokens"] for r in tf)
+    return {"kl": sum(r["kl_sum"] for r in tf) / tokens, "top1": 100 * sum(r["top1_agree"] for r in tf) / tokens}
+
+
+def _heldout_kl(checkpoint) -> float:
+    path = Path(checkpoint) / SUMMARY_FILE if checkpoint else None
+    if path is None or not path.is_file():
+        return math.nan
+    return json.loads(path.read_text()).get("heldout_final", {}).get("heldout_kl", math.nan)
+
+
+def _put(rec: dict, name: str, ci, scale: float = 100.0) -> None:
+    rec[name], rec[f"{name}_lo"], rec[f"{name}_hi"] = ci.value * scale, ci.low * scale, ci.high * scale
+
+
+def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], reference: dict[str, str],
+                      settings: BootstrapSettings = BootstrapSettings()) -> pd.DataFrame:
+    """Per-seed rows, then one pooled row per variant (see the module docstring). ``reference``: variant -> the
+    variant it is compared with (``delta_ref``); ``default`` for any other."""
+    base_results = read_json(base.lm_eval)
+    results = {id(r): read_json(r.lm_eval) for r in runs}
+    by_variant: dict[str, list[SeedRun]] = {}
+    for r in runs:
+        by_variant.setdefault(r.variant, []).append(r)
+    matrices = {v: _matrix([results[id(r)] for r in rs], base_results, tasks) for v, rs in by_variant.items()}
+    base_matrix = _matrix([base_results], base_results, tasks)
+    model = base.model
+
+    records = []
+    for v, rs in by_variant.items():
+        for i, r in enumerate(rs):
+            rec = {"model": model, "variant": v, "seed": "untrained" if r.seed is None else str(r.seed),
+                   "n_seeds": 1}
+            one = [m[i:i + 1] for m in matrices[v]]
+            _put(rec, "average", hierarchical_difference_ci(one, None, settings))
+            _put(rec, "delta_base", hierarchical_difference_ci(one, base_matrix, settings))
+            rec.update(_fidelity(r.fidelity))
+            rec["heldout_kl"] = _heldout_kl(r.checkpoint)
+            records.append(rec)
+    for v, rs in by_variant.items():
+        m = matrices[v]
+        per_seed = 100 * np.mean([x.mean(axis=1) for x in m], axis=0)
+        rec = {"model": model, "variant": v, "seed": "all", "n_seeds": len(rs),
+               "seeds": " ".join("untrained" if r.seed is None else str(r.seed) for r in rs)}
+        _put(rec, "average", hierarchical_difference_ci(m, None, settings))
+        rec["average_seed_sd"] = float(np.std(per_seed, ddof=1)) if len(rs) > 1 else math.nan
+        _put(rec, "delta_base", hierarchical_difference_ci(m, base_matrix, settings))
+        ref = reference.get(v, reference.get("default"))
+        if ref and ref != v and ref in matrices:
+            _put(rec, "delta_ref", hierarchical_difference_ci(m, matrices[ref], settings))
+            rec["ref"] = ref
+        fid = [_fidelity(r.fidelity) for r in rs]
+        for key in ("kl", "top1"):
+            vals = [f[key] for f in fid if key in f]
+            if vals:
+                rec[key] = float(np.mean(vals))
+        kls = [k for k in (_heldout_kl(r.checkpoint) for r in rs) if not math.isnan(k)]
+        rec["heldout_kl"] = float(np.mean(kls)) if kls else math.nan
+        rec["heldout_kl_seed_sd"] = float(np.std(kls, ddof=1)) if len(kls) > 1 else math.nan
+        records.append(rec)
+    columns = ["model", "variant", "seed", "n_seeds", "seeds", "average", "average_lo", "average_hi",
+               "average_seed_sd", "delta_base", "delta_base_lo", "delta_base_hi", "ref", "delta_ref", "delta_ref_lo",
+               "delta_ref_hi", "heldout_kl", "heldout_kl_seed_sd", "kl", "top1"]
+    frame = pd.DataFrame.from_records(records)
+    return frame.reindex(columns=columns)
+
+
+def _ci(r, name: str, digits: int = 1, signed: bool = False) -> str:
+    v, lo, hi = r.get(name), r.get(f"{name}_lo"), r.get(f"{name}_hi")
+    if v is None or pd.isna(v):
+        return ""
+    f = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    return f"{f.format(v)} [{f.format(lo)}, {f.format(hi)}]".replace("-", "−")
+
+
+def seeds_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
+    """The pooled rows of reports/seeds.csv as the README's table (generated, never typed: tests/test_seeds.py)."""
+    labels = labels or {}
+    lines = ["| row (SmolLM2-135M) | seeds | average (seed SD) | Δ vs base | Δ vs ref (ref) | held-out KL (seed SD) |",
+             "|---|---|---|---|---|---|"]
+    for _, r in frame[frame.seed.astype(str) == "all"].iterrows():
+        r = r.to_dict()
+        sd = "" if pd.isna(r["average_seed_sd"]) else f" ({r['average_seed_sd']:.1f})"
+        ref = f"{_ci(r, 'delta_ref', signed=True)} ({r['ref']})" if isinstance(r.get("ref"), str) else ""
+        kl = "" if pd.isna(r["heldout_kl"]) else f"{r['heldout_kl']:.3f}"
+        if kl and not pd.isna(r["heldout_kl_seed_sd"]):
+            kl += f" ({r['heldout_kl_seed_sd']:.3f})"
+        lines.append(f"| {labels.get(r['variant'], r['variant'])} | {r['seeds']} | {_ci(r, 'average')}{sd} | "
+                     f"{_ci(r, 'delta_base', signed=True)} | {ref} | {kl} |")
+    return "\n".join(lines) + "\n"
