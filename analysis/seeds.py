@@ -49,6 +49,29 @@ class SeedRun:
     checkpoint: str | Path | None = None
 
 
+def checkpoint_path(model: str, variant: str, seed: int, profile_seed: int) -> str:
+    """The checkpoint of (model, variant) trained with ``seed``: the tables' own run for the profile's seed."""
+    if seed == profile_seed:
+        return f"results/checkpoints/{model}/{variant}"
+    return f"results/seeds/{model}/{variant}/seed-{seed}/checkpoint"
+
+
+def seed_runs(model: str, variants: list[str], seeds: list[int], profile_seed: int,
+              trained: dict[str, bool]) -> list[dict]:
+    """The runs of the seeds study for a model, with their ``results/`` paths: per trained variant one per seed (the
+    profile's seed is the tables' own run and evaluation), an untrained variant once (seed None: the tables'
+    evaluation). The workflow (rules make_seeds / raw_seeds) and the tests take the runs from here."""
+    runs = []
+    for variant in variants:
+        for seed in seeds if trained[variant] else [None]:
+            own = seed is None or seed == profile_seed
+            d = f"results/eval/{model}/{variant}/native" if own else f"results/seeds/{model}/{variant}/seed-{seed}/native"
+            runs.append({"variant": variant, "seed": seed, "lm_eval": f"{d}/lm_eval.json",
+                         "fidelity": f"{d}/fidelity.json",
+                         "checkpoint": None if seed is None else checkpoint_path(model, variant, seed, profile_seed)})
+    return runs
+
+
 def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]:
     """Per task: (seeds, examples) scores of ``runs`` on the base model's examples, in the base model's order."""
     out = []
@@ -127,6 +150,27 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
                "delta_ref_hi", "heldout_kl", "heldout_kl_seed_sd", "kl", "top1"]
     frame = pd.DataFrame.from_records(records)
     return frame.reindex(columns=columns)
+
+
+def seeds_from_raw(raw: str | Path, models: list[dict], reference: dict[str, str],
+                   settings: BootstrapSettings = BootstrapSettings()) -> pd.DataFrame:
+    """reports/seeds.csv from the raw folder (``analysis.raw``): ``models`` as the rule's params give them (per model
+    its runs, with their ``results/`` paths: variant, seed, lm_eval, fidelity, checkpoint)."""
+    from analysis.raw import raw_path
+
+    def at(p):
+        return raw_path(raw, p) if p else None
+
+    frames = []
+    for spec in models:
+        model = spec["model"]
+        with open(at(f"results/eval/{model}/tasks.json")) as f:
+            tasks = json.load(f)["tasks"]
+        runs = [SeedRun(model, r["variant"], r["seed"], at(r["lm_eval"]), at(r["fidelity"]), at(r["checkpoint"]))
+                for r in spec["runs"]]
+        base = SeedRun(model, "base", None, at(f"results/eval/{model}/base/native/lm_eval.json"))
+        frames.append(build_seeds_table(runs, base, tasks, reference, settings))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _ci(r, name: str, digits: int = 1, signed: bool = False) -> str:

@@ -182,3 +182,40 @@ def test_lr_sweep_runs_and_lr_by_scope_reach_the_trainer(tmp_path):
     lrs = {c.split("--variant ")[1].split()[0]: c.split("--lr ")[1].split()[0]
            for c in out.stdout.splitlines() if " distill smollm2-135m" in c}
     assert lrs["swiftkv-50-full"] == "0.0003" and lrs["swiftkv-50"] == LR["partial"]
+
+
+# -- raw results (issue 16, item 6): the committed inputs of seeds.csv and lr_sweep.csv -------------------------
+
+PROFILE = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+RAW = ROOT / "reports" / "raw"
+
+
+def test_raw_folder_records_and_checks_every_file(tmp_path, monkeypatch):
+    from analysis.raw import MANIFEST, collect, raw_path, verify
+
+    monkeypatch.chdir(tmp_path)
+    run = Path("results/eval/m/v/native")
+    run.mkdir(parents=True)
+    (run / "lm_eval.json").write_text("{}")
+    (run / "fidelity.json").write_text('{"a": 1}')
+    dest = tmp_path / "raw"
+    manifest = collect([str(run / "lm_eval.json"), str(run / "fidelity.json")], dest, "abc", "c0ffee")
+    assert raw_path(dest, run / "lm_eval.json").read_text() == "{}" and (dest / MANIFEST).is_file()
+    assert manifest["collected_at"] == "c0ffee" and len(manifest["files"]) == 2 and verify(dest) == []
+    raw_path(dest, run / "fidelity.json").write_text('{"a": 2}')
+    (dest / "extra.json").write_text("{}")
+    raw_path(dest, run / "lm_eval.json").unlink()
+    assert sorted(verify(dest)) == ["eval/m/v/native/fidelity.json: changed since it was collected",
+                                    "eval/m/v/native/lm_eval.json: missing", "extra.json: not in the manifest"]
+
+
+def test_committed_lr_sweep_regenerates_from_its_raw_results():
+    from analysis.raw import raw_path, verify
+
+    d, root = PROFILE["distill"], RAW / "lr_sweep"
+    assert verify(root) == []
+    runs = [f"results/lr_sweep/{d['lr_sweep']['model']}/{v}/lr-{lr:g}" for v in d["lr_sweep"]["variants"]
+            for lr in d["lr_sweep"]["lrs"]]
+    configured = {s: d["lr_by_scope"].get(s, d["overrides"]["lr"]) for s in ("partial", "full")}
+    table = lr_sweep_table([raw_path(root, r) for r in runs], configured)
+    assert table.to_csv(index=False, float_format="%.6g") == (ROOT / "reports" / "lr_sweep.csv").read_text()

@@ -1,6 +1,6 @@
 # Rules of the evidence studies (see the Snakefile index; issue 16): training-seed variance of the compared rows and
 # the learning rate per training scope.
-SEEDS = config.get("seeds")  # absent in profiles without the study (the paper profile)
+SEEDS = config.get("seeds")  # null or absent: a profile without the study
 
 
 wildcard_constraints:
@@ -9,48 +9,34 @@ wildcard_constraints:
 
 
 def seed_checkpoint(model, variant, seed):
-    """The checkpoint of (model, variant) trained with ``seed``: the tables' own run for the profile's seed."""
-    if seed == config["distill"]["seed"]:
-        return f"results/checkpoints/{model}/{variant}"
-    return f"results/seeds/{model}/{variant}/seed-{seed}/checkpoint"
+    from analysis.seeds import checkpoint_path
+
+    return checkpoint_path(model, variant, seed, config["distill"]["seed"])
 
 
 def seed_runs(model):
-    """(variant, seed or None, lm_eval, fidelity, checkpoint or None) of every run of the seeds study for a model; an
-    untrained row has one run (seed None), the tables' own evaluation."""
-    runs = []
-    for variant in SEEDS["variants"]:
-        row = VARIANTS.loc[(model, variant)]
-        if row.train != "yes":
-            d = f"results/eval/{model}/{variant}/native"
-            runs.append((variant, None, f"{d}/lm_eval.json", f"{d}/fidelity.json", None))
-            continue
-        for seed in SEEDS["seeds"]:
-            if seed == config["distill"]["seed"]:
-                d = f"results/eval/{model}/{variant}/native"
-            else:
-                d = f"results/seeds/{model}/{variant}/seed-{seed}/native"
-            runs.append((variant, seed, f"{d}/lm_eval.json", f"{d}/fidelity.json", seed_checkpoint(model, variant, seed)))
-    return runs
+    """Every run of the seeds study for a model (analysis.seeds.seed_runs: variant, seed, result paths)."""
+    from analysis.seeds import seed_runs as runs
+
+    trained = {v: VARIANTS.loc[(model, v)].train == "yes" for v in SEEDS["variants"]}
+    return runs(model, SEEDS["variants"], SEEDS["seeds"], config["distill"]["seed"], trained)
 
 
 def seeds_inputs(wildcards):
     inputs = {"lm_eval": [], "fidelity": [], "checkpoints": [], "base": [], "tasks": []}
     for model in SEEDS["models"]:
-        for _, _, lm, fid, ckpt in seed_runs(model):
-            inputs["lm_eval"].append(lm)
-            inputs["fidelity"].append(fid)
-            if ckpt:
-                inputs["checkpoints"].append(ckpt)
+        for run in seed_runs(model):
+            inputs["lm_eval"].append(run["lm_eval"])
+            inputs["fidelity"].append(run["fidelity"])
+            if run["checkpoint"]:
+                inputs["checkpoints"].append(run["checkpoint"])
         inputs["base"].append(f"results/eval/{model}/base/native/lm_eval.json")
         inputs["tasks"].append(f"results/eval/{model}/tasks.json")
     return inputs
 
 
 def seeds_params():
-    return [{"model": model, "runs": [{"variant": v, "seed": s, "lm_eval": lm, "fidelity": fid, "checkpoint": ckpt}
-                                      for v, s, lm, fid, ckpt in seed_runs(model)]}
-            for model in (SEEDS["models"] if SEEDS else [])]
+    return [{"model": model, "runs": seed_runs(model)} for model in (SEEDS["models"] if SEEDS else [])]
 
 
 # A seed's student: the table run's recipe and budget, another seed (token stream and its teacher cache).
@@ -97,9 +83,24 @@ rule eval_swiftkv_seed:
         EVAL_SHELL
 
 
-rule make_seeds:
+# The small files behind reports/seeds.csv, committed (reports/raw/seeds: evaluations, training summaries and logs,
+# no checkpoints), so that the table and the claims it decides are re-derived from a clone (analysis/raw.py).
+rule raw_seeds:
     input:
         unpack(seeds_inputs),
+    output:
+        directory("reports/raw/seeds"),
+    log:
+        "logs/raw_seeds.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
+rule make_seeds:
+    input:
+        raw="reports/raw/seeds",
     output:
         report("reports/seeds.csv", caption="../report/seeds.rst", category="Accuracy"),
     log:
@@ -144,14 +145,28 @@ rule distill_lr_sweep:
         DISTILL_SHELL
 
 
-rule make_lr_sweep:
+rule raw_lr_sweep:
     input:
         lr_sweep_runs(),
+    output:
+        directory("reports/raw/lr_sweep"),
+    log:
+        "logs/raw_lr_sweep.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
+rule make_lr_sweep:
+    input:
+        raw="reports/raw/lr_sweep",
     output:
         report("reports/lr_sweep.csv", caption="../report/lr_sweep.rst", category="Distillation"),
     log:
         "logs/make_lr_sweep.log",
     params:
+        runs=lr_sweep_runs(),
         configured={scope: config["distill"].get("lr_by_scope", {}).get(scope, config["distill"].get("overrides", {})
                                                                           .get("lr")) for scope in ("partial", "full")},
     script:
