@@ -217,6 +217,7 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, c
     if df is None:
         return fallback(reports)
     pooled = df[df.seed.astype(str) == "all"].set_index("variant")
+    shown = Path(reports.name) / "seeds.csv"  # in messages: no absolute paths
 
     def enough(name):  # an untrained row has one evaluation and no training seed
         return name in pooled.index and (pooled.loc[name, "n_seeds"] >= MIN_SEEDS
@@ -240,9 +241,15 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, c
     if fallback is not None:
         return fallback(reports)
     if not points:
-        raise _NoEvidence(path, f"{path} has no pooled row with >= {MIN_SEEDS} seeds for {', '.join(lacking)} "
+        raise _NoEvidence(path, f"{shown} has no pooled row with >= {MIN_SEEDS} seeds for {', '.join(lacking)} "
                           f"against {ref}")
     return Evidence(points, [path], missing=f"no row with >= {MIN_SEEDS} seeds for {', '.join(lacking)}")
+
+
+def _seeded(variants: list[str], ref: str, negate: bool = False, column: str = "delta_ref", table: str | None = None):
+    """An evaluator on the seeds study's pooled rows; ``table``: the single-run table that stands in without them."""
+    fallback = None if table is None else (lambda r: _delta_points(r, table, variants, column, negate=negate))
+    return lambda r: _seeded_points(r, variants, ref, negate, column, fallback)
 
 
 def _simscore(reports: Path) -> Evidence:
@@ -303,25 +310,14 @@ EVALUATORS = {
     "simscore-predicts-loss": _awaiting("reports/budget_scaling.csv (the budget-scaling study) is not run yet"),
     "prefill-time-halved": _awaiting("the repeat-level timings behind Fig. 2 (right) are in results/, not reports/; "
                                      "evaluated once they are committed (raw results)"),
-    "quality-loss-25": lambda r: _seeded_points(r, ["swiftkv-25"], "base", False, "delta_base", lambda r: (
-        _delta_points(r, "table2.csv", ["swiftkv-25"], "delta_base"))),
-    "quality-loss-50": lambda r: _seeded_points(r, ["swiftkv-50"], "base", False, "delta_base", lambda r: (
-        _delta_points(r, "table2.csv", ["swiftkv-50"], "delta_base"))),
-    "quality-cliff-beyond-50": lambda r: _seeded_points(r, ["swiftkv-62"], "swiftkv-50", False),
-    "acrosskv-costs-little": lambda r: _seeded_points(r, ["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"],
-                                                      "swiftkv-50", False),
-    "kl-beats-lm-loss": lambda r: _seeded_points(r, ["swiftkv-50-lm"], "swiftkv-50", True, fallback=lambda r: (
-        _delta_points(r, "table4a.csv", ["swiftkv-50-lm"], "delta_ref", negate=True))),
-    "distillation-needed": lambda r: _seeded_points(r, ["swiftkv-50-nodistill"], "swiftkv-50", True,
-                                                    fallback=lambda r: _delta_points(
-                                                        r, "table4a.csv", ["swiftkv-50-nodistill"], "delta_ref",
-                                                        negate=True)),
-    "partial-beats-full": lambda r: _seeded_points(r, ["swiftkv-50-full"], "swiftkv-50", True, fallback=lambda r: (
-        _delta_points(r, "table4b.csv", ["swiftkv-50-full"], "delta_ref", negate=True))),
-    "acrosskv-beats-mqa": lambda r: _seeded_points(r, ["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", True,
-                                                   fallback=lambda r: _delta_points(
-                                                       r, "tableB2.csv", ["swiftkv-50-mqa-1"], "delta_ref",
-                                                       negate=True)),
+    "quality-loss-25": _seeded(["swiftkv-25"], "base", column="delta_base", table="table2.csv"),
+    "quality-loss-50": _seeded(["swiftkv-50"], "base", column="delta_base", table="table2.csv"),
+    "quality-cliff-beyond-50": _seeded(["swiftkv-62"], "swiftkv-50"),
+    "acrosskv-costs-little": _seeded(["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"], "swiftkv-50"),
+    "kl-beats-lm-loss": _seeded(["swiftkv-50-lm"], "swiftkv-50", negate=True, table="table4a.csv"),
+    "distillation-needed": _seeded(["swiftkv-50-nodistill"], "swiftkv-50", negate=True, table="table4a.csv"),
+    "partial-beats-full": _seeded(["swiftkv-50-full"], "swiftkv-50", negate=True, table="table4b.csv"),
+    "acrosskv-beats-mqa": _seeded(["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", negate=True, table="tableB2.csv"),
     "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", None, "delta_ref", kv_cache="fp8"),
     "throughput-gain": _awaiting("throughput repeats (>= 5 per point) are not run yet; Fig. 3's single runs are in "
                                  "results/"),
@@ -387,7 +383,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
         status = (AWAITING if not ev.points else DECIDED if by_current_run or (ev.seeded and not scaling_pending)
                   else PROVISIONAL)
         if status == PROVISIONAL and ev.seeded:
-            why = (f"decided at the table budget by the seeds run ({'; '.join(ev.files)}); the ordering across budgets "
+            why = ("decided at the table budget by the seeds run (seeds.csv); the ordering across budgets "
                    "awaits the budget-scaling study")
         elif status == PROVISIONAL and ev.missing:
             why = f"decided by {claim.decided_by}; these points are seeded, but {ev.missing} yet"

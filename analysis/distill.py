@@ -74,6 +74,21 @@ def lr_sweep_table(run_dirs: list[str | Path], configured: dict[str, float]) -> 
     return table[keep]
 
 
+def lr_sweep_sentence(table: pd.DataFrame) -> str:
+    """The sweep in one sentence per scope, for the README (generated from reports/lr_sweep.csv, never typed)."""
+    def lr(x):
+        return f"{x:.0e}".replace("e-0", "e-")
+
+    parts = []
+    for (variant, scope), g in table.groupby(["variant", "scope"], sort=False):
+        best = g[g.chosen].iloc[0]
+        kls = ", ".join(f"{lr(r.lr)}: {r.heldout_kl_final:.3f}" for r in g.itertuples())
+        edge = ("; the largest lr tried, so the best may lie above it" if best.lr == g.lr.max() else
+                "; the smallest lr tried, so the best may lie below it" if best.lr == g.lr.min() else "")
+        parts.append(f"{scope} training ({variant}) takes lr {lr(best.lr)} (final held-out KL by lr: {kls}{edge})")
+    return "; ".join(parts) + "."
+
+
 def plot_heldout_curve(curve: pd.DataFrame, table: pd.DataFrame | None, table_tokens: int, label: str, path):
     """Held-out KL vs training tokens for the long run, with the table-budget run and its budget marked."""
     import matplotlib

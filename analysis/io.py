@@ -84,6 +84,14 @@ def save_figure(fig, path: str | os.PathLike, dpi: int | None = 150, **kwargs) -
 
 
 def read_json(path: str | Path) -> dict:
+    """A JSON file, or its gzip-compressed copy ``<path>.gz`` where only that exists (large raw results,
+    ``analysis.raw``)."""
+    path = Path(path)
+    if not path.exists() and Path(f"{path}.gz").is_file():
+        import gzip
+
+        with gzip.open(f"{path}.gz", "rt") as f:
+            return json.load(f)
     with open(path) as f:
         return json.load(f)
 

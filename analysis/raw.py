@@ -5,11 +5,13 @@ regenerated — and its verdicts re-derived — from a clone, without the run.
 ``manifest.json``: ``collected_at`` (HEAD when the files were collected; ``+dirty`` when tracked files outside
 ``reports/`` differed from it), ``trees`` (the git tree ids of the code that
 computes results: ``swiftkv``, ``analysis``, ``workflow``, ``config`` — equal trees at two commits mean the same
-code), ``config_hash`` (the resolved profile) and per file its source path, size and sha256.
+code), ``config_hash`` (the resolved profile) and per file its source path and the source's sha256, and the stored size
+and sha256 (files over 64 KiB are stored gzip-compressed as ``<name>.gz``; ``analysis.io.read_json`` reads them).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import shutil
@@ -17,6 +19,8 @@ import subprocess
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+COMPRESS_ABOVE = 64 * 1024  # bytes: larger files (lm-eval results with per-example samples) are stored as <name>.gz,
+# which analysis.io.read_json reads in place of <name>
 CODE_TREES = ("swiftkv", "analysis", "workflow", "config")
 
 
@@ -40,10 +44,16 @@ def collect(sources: list[str | Path], dest: str | Path, config_hash: str, commi
     for src in sorted({str(s) for s in sources}):
         target = raw_path(dest, src)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, target)
-        data = target.read_bytes()
-        files[str(target.relative_to(dest))] = {"source": src, "bytes": len(data),
-                                                "sha256": hashlib.sha256(data).hexdigest()}
+        data = Path(src).read_bytes()
+        meta = {"source": src, "source_sha256": hashlib.sha256(data).hexdigest()}
+        if len(data) > COMPRESS_ABOVE:  # gzip without a timestamp: the same input gives the same bytes
+            target = target.with_name(target.name + ".gz")
+            target.write_bytes(gzip.compress(data, mtime=0))
+        else:
+            shutil.copyfile(src, target)
+        stored = target.read_bytes()
+        files[str(target.relative_to(dest))] = {**meta, "bytes": len(stored),
+                                                "sha256": hashlib.sha256(stored).hexdigest()}
     manifest = {"collected_at": commit, "trees": {t: _tree(t, repo) for t in CODE_TREES}, "config_hash": config_hash,
                 "files": files}
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -82,7 +82,7 @@ def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]
 
 
 def _fidelity(path) -> dict:
-    if not path or not Path(path).is_file():
+    if not path or not (Path(path).is_file() or Path(f"{path}.gz").is_file()):
         return {}
     tf = read_json(path)["teacher_forced"]
     tokens = sum(r["tokens"] for r in tf)

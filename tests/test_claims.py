@@ -101,9 +101,30 @@ def test_every_registered_claim_is_evaluated_on_the_committed_reports():
     by_id = frame.set_index("id")
     for cid in ("flops-table1", "kv-memory-acrosskv"):
         assert by_id.loc[cid, "status"] == DECIDED and by_id.loc[cid, "verdict"] == HOLDS
-    # a claim decided by the seeds run is provisional on one seed, whatever its points say
-    assert by_id.loc["quality-loss-50", "status"] == PROVISIONAL
+    # a claim decided by the seeds run is decided on its pooled rows (>= 3 seeds) ...
+    assert by_id.loc["quality-loss-50", "status"] == DECIDED and "(3 seeds)" in by_id.loc["quality-loss-50", "points"]
     assert isinstance(by_id.loc["quality-loss-50", "points"], str) and not pd.isna(by_id.loc["quality-loss-50", "lo"])
+
+
+def test_without_enough_seeds_a_seeded_claim_is_provisional_on_the_single_run_table(tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    from analysis.claims import DECIDED, PROVISIONAL, evaluate
+
+    for name in ("table2.csv", "table4a.csv", "seeds.csv"):
+        shutil.copy(REPORTS / name, tmp_path / name)
+    decided = evaluate(tmp_path, commit="x").set_index("id")
+    assert decided.loc["quality-loss-50", "status"] == DECIDED
+    seeds = pd.read_csv(tmp_path / "seeds.csv")
+    seeds.loc[(seeds.variant == "swiftkv-50") & (seeds.seed == "all"), "n_seeds"] = 2  # one seed short
+    seeds.to_csv(tmp_path / "seeds.csv", index=False)
+    short = evaluate(tmp_path, commit="x").set_index("id")
+    for cid, table in (("quality-loss-50", "table2.csv"), ("distillation-needed", "table4a.csv")):
+        assert short.loc[cid, "status"] == PROVISIONAL and short.loc[cid, "evidence"].endswith(table), cid
+    (tmp_path / "seeds.csv").unlink()
+    assert evaluate(tmp_path, commit="x").set_index("id").loc["quality-loss-50", "status"] == PROVISIONAL
 
 
 def test_the_committed_claims_csv_is_what_the_rules_give():

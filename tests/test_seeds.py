@@ -209,6 +209,13 @@ def test_raw_folder_records_and_checks_every_file(tmp_path, monkeypatch):
                                     "eval/m/v/native/lm_eval.json: missing", "extra.json: not in the manifest"]
 
 
+def test_the_readme_quotes_the_committed_lr_sweep():
+    from analysis.distill import lr_sweep_sentence
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert lr_sweep_sentence(pd.read_csv(ROOT / "reports" / "lr_sweep.csv")) in text  # generated, not typed
+
+
 def test_committed_lr_sweep_regenerates_from_its_raw_results():
     from analysis.raw import raw_path, verify
 
@@ -219,3 +226,41 @@ def test_committed_lr_sweep_regenerates_from_its_raw_results():
     configured = {s: d["lr_by_scope"].get(s, d["overrides"]["lr"]) for s in ("partial", "full")}
     table = lr_sweep_table([raw_path(root, r) for r in runs], configured)
     assert table.to_csv(index=False, float_format="%.6g") == (ROOT / "reports" / "lr_sweep.csv").read_text()
+
+
+def test_committed_seeds_csv_regenerates_from_its_raw_results_and_the_readme_quotes_it():
+    from analysis.raw import verify
+    from analysis.seeds import seed_runs, seeds_from_raw, seeds_markdown
+
+    root, s = RAW / "seeds", PROFILE["seeds"]
+    assert verify(root) == []
+    sheet = pd.read_csv(ROOT / "config" / "variants.tsv", sep="\t", keep_default_na=False)
+    models = []
+    for model in s["models"]:
+        rows = sheet[sheet.model == model].set_index("variant")
+        trained = {v: rows.loc[v, "train"] == "yes" for v in s["variants"]}
+        models.append({"model": model, "runs": seed_runs(model, s["variants"], s["seeds"], PROFILE["distill"]["seed"],
+                                                         trained)})
+    boot = PROFILE["eval"]["bootstrap"]
+    table = seeds_from_raw(root, models, s["reference"], BootstrapSettings(boot["resamples"], boot["confidence"],
+                                                                           boot["seed"]))
+    committed = (ROOT / "reports" / "seeds.csv").read_text()
+    assert table.to_csv(index=False, float_format="%.4f") == committed
+    readme = (ROOT / "README.md").read_text()
+    labels = dict(zip(sheet[sheet.model == s["models"][0]].variant, sheet[sheet.model == s["models"][0]].label))
+    assert seeds_markdown(pd.read_csv(ROOT / "reports" / "seeds.csv"), labels) in readme  # generated, not typed
+
+
+def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monkeypatch):
+    from analysis.io import read_json
+    from analysis.raw import COMPRESS_ABOVE, collect, raw_path, verify
+
+    monkeypatch.chdir(tmp_path)
+    src = Path("results/eval/m/v/native/lm_eval.json")
+    src.parent.mkdir(parents=True)
+    big = {"samples": ["x" * 100] * (COMPRESS_ABOVE // 50)}
+    src.write_text(json.dumps(big))
+    first = collect([str(src)], tmp_path / "a", "h", "c")
+    second = collect([str(src)], tmp_path / "b", "h", "c")
+    assert list(first["files"]) == ["eval/m/v/native/lm_eval.json.gz"] and first == second  # deterministic bytes
+    assert read_json(raw_path(tmp_path / "a", src)) == big and verify(tmp_path / "a") == []
