@@ -264,3 +264,11 @@ def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monke
     second = collect([str(src)], tmp_path / "b", "h", "c")
     assert list(first["files"]) == ["eval/m/v/native/lm_eval.json.gz"] and first == second  # deterministic bytes
     assert read_json(raw_path(tmp_path / "a", src)) == big and verify(tmp_path / "a") == []
+
+
+@needs_snakemake
+def test_a_seeds_row_that_is_not_in_the_sheet_is_one_clear_line(tmp_path):
+    (tmp_path / "c.yaml").write_text("seeds:\n  variants: [swiftkv-50, swiftkv-51]\n")
+    out = dry_run("reports/seeds.csv", "config/ci.yaml", str(tmp_path / "c.yaml"))
+    assert out.returncode != 0 and "Traceback" not in out.stdout + out.stderr
+    assert "config seeds.variants: swiftkv-51 of smollm2-135m are not rows of the variants sheet" in out.stderr

@@ -18,6 +18,10 @@ def seed_runs(model):
     """Every run of the seeds study for a model (analysis.seeds.seed_runs: variant, seed, result paths)."""
     from analysis.seeds import seed_runs as runs
 
+    missing = [v for v in SEEDS["variants"] if (model, v) not in VARIANTS.index]
+    if missing:
+        stop(f"config seeds.variants: {', '.join(missing)} of {model} are not rows of the variants sheet "
+             f"({config['distill']['variants']})")
     trained = {v: VARIANTS.loc[(model, v)].train == "yes" for v in SEEDS["variants"]}
     return runs(model, SEEDS["variants"], SEEDS["seeds"], config["distill"]["seed"], trained)
 
