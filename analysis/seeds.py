@@ -31,10 +31,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.distill import SUMMARY_FILE
 from analysis.io import read_json, task_scores
 from analysis.stats import BootstrapSettings, hierarchical_difference_ci
-
-SUMMARY_FILE = "distill.json"
 
 
 @dataclass(frozen=True)
@@ -113,6 +112,8 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
     base_matrix = _matrix([base_results], base_results, tasks)
     model = base.model
 
+    fidelity = {id(r): _fidelity(r.fidelity) for r in runs}  # each run's files read once
+    heldout = {id(r): _heldout_kl(r.checkpoint) for r in runs}
     records = []
     for v, rs in by_variant.items():
         for i, r in enumerate(rs):
@@ -121,8 +122,8 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
             one = [m[i:i + 1] for m in matrices[v]]
             _put(rec, "average", hierarchical_difference_ci(one, None, settings))
             _put(rec, "delta_base", hierarchical_difference_ci(one, base_matrix, settings))
-            rec.update(_fidelity(r.fidelity))
-            rec["heldout_kl"] = _heldout_kl(r.checkpoint)
+            rec.update(fidelity[id(r)])
+            rec["heldout_kl"] = heldout[id(r)]
             records.append(rec)
     for v, rs in by_variant.items():
         m = matrices[v]
@@ -136,12 +137,12 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
         if ref and ref != v and ref in matrices:
             _put(rec, "delta_ref", hierarchical_difference_ci(m, matrices[ref], settings))
             rec["ref"] = ref
-        fid = [_fidelity(r.fidelity) for r in rs]
+        fid = [fidelity[id(r)] for r in rs]
         for key in ("kl", "top1"):
             vals = [f[key] for f in fid if key in f]
             if vals:
                 rec[key] = float(np.mean(vals))
-        kls = [k for k in (_heldout_kl(r.checkpoint) for r in rs) if not math.isnan(k)]
+        kls = [k for k in (heldout[id(r)] for r in rs) if not math.isnan(k)]
         rec["heldout_kl"] = float(np.mean(kls)) if kls else math.nan
         rec["heldout_kl_seed_sd"] = float(np.std(kls, ddof=1)) if len(kls) > 1 else math.nan
         records.append(rec)
