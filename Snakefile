@@ -25,6 +25,7 @@ include: "workflow/rules/analysis.smk"
 include: "workflow/rules/distill.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/seeds.smk"
+include: "workflow/rules/scaling.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/report.smk"
 

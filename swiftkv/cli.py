@@ -53,6 +53,19 @@ def _eval_every(text: str) -> int:
     return -1 if text == "end" else positive_int(text)
 
 
+def _budgets(text: str) -> tuple[int, ...]:
+    """argparse type of distill --read-budgets: comma-separated positive token budgets."""
+    return tuple(positive_int(t) for t in text.split(","))
+
+
+def _save_at(text: str) -> tuple[int, str]:
+    """argparse type of distill --save-at: BUDGET=DIRECTORY."""
+    budget, sep, path = text.partition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BUDGET=DIRECTORY, e.g. 2048=students/tokens-2048")
+    return positive_int(budget), path
+
+
 def non_empty(text: str) -> str:
     """argparse type: a string with something in it."""
     if not text.strip():
@@ -803,6 +816,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
     g.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.05)")
     g.add_argument("--warmup-ratio", type=float, help="linear warm-up share of the steps, then cosine (default 0.05)")
+    g.add_argument("--schedule", choices=["cosine", "wsd"],
+                   help="lr schedule: cosine (default) or wsd (warmup-stable-decay, read at --read-budgets)")
+    g.add_argument("--read-budgets", type=_budgets,
+                   help="wsd: token budgets read along one run, e.g. 2048,4096,8192 (--tokens = the largest): at "
+                   "each, a branch decays the lr over the budget's last --decay-ratio of steps and is evaluated")
+    g.add_argument("--warmup-steps", type=int, help="wsd: linear warm-up steps, then constant (default 2)")
+    g.add_argument("--decay-ratio", type=float, help="wsd: share of a budget's steps its decay takes (default 0.2)")
+    g.add_argument("--save-at", type=_save_at, action="append", metavar="BUDGET=DIR",
+                   help="wsd: also save the student read at BUDGET to DIR (repeatable); OUTPUT gets the largest")
     g.add_argument("--temperature", type=float, help="distillation temperature T; the loss is T^2 * KL (default 2)")
     g.add_argument("--hidden-weight", type=float, help="weight of the hidden-state MSE in kl+hidden (default 1)")
     g.add_argument("--max-grad-norm", type=float, help="gradient clipping, 0 = off (default 1)")

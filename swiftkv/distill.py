@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 LOSSES = ("kl", "lm", "kl+hidden")
 SCOPES = ("partial", "full")
 LOSS_POSITIONS = ("all", "assistant")
+SCHEDULES = ("cosine", "wsd")
 CHECKPOINT_FILE = "checkpoint.pt"
 LOG_FILE = "train_log.jsonl"
 SUMMARY_FILE = "distill.json"
@@ -71,6 +72,13 @@ class DistillSettings:
     lr: float = 3e-4
     weight_decay: float = 0.05
     warmup_ratio: float = 0.05
+    # lr schedule: cosine (the tables' runs: warmup_ratio, then cosine to 0) or wsd (warmup-stable-decay, the
+    # budget-scaling study: warmup_steps, then constant; at each of read_budgets a branch decays the lr linearly over
+    # the last decay_ratio of that budget's steps and is read there; the run's own budget is the largest one)
+    schedule: str = "cosine"
+    warmup_steps: int = 2
+    decay_ratio: float = 0.2
+    read_budgets: tuple[int, ...] = ()
     max_grad_norm: float | None = 1.0
     tokens: int = 100_000  # training token budget per epoch (real tokens, padding excluded); 0 = all the data
     epochs: int = 1  # passes over the packed budget (the paper: 2), pack order reshuffled each epoch
@@ -99,6 +107,18 @@ class DistillSettings:
             )
         if not 0 <= self.warmup_ratio < 1:
             raise SwiftKVError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.schedule not in SCHEDULES:
+            raise SwiftKVError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if self.schedule == "wsd":
+            if not self.read_budgets or any(b <= 0 for b in self.read_budgets):
+                raise SwiftKVError("the wsd schedule needs --read-budgets: positive token budgets, e.g. 2048,4096")
+            if self.tokens != max(self.read_budgets):
+                raise SwiftKVError(f"with --read-budgets the token budget is the largest of them "
+                                   f"({max(self.read_budgets)}), got --tokens {self.tokens}")
+            if not 0 < self.decay_ratio <= 1 or self.warmup_steps < 0 or self.epochs != 1:
+                raise SwiftKVError("wsd needs 0 < decay ratio <= 1, warmup steps >= 0 and one epoch")
+        elif self.read_budgets:
+            raise SwiftKVError("--read-budgets needs --schedule wsd")
         if self.batch_size < 1 or self.chunk_size < 1 or self.heldout_tokens < 0:
             raise SwiftKVError("batch size and chunk size must be >= 1 and held-out tokens >= 0")
 
@@ -107,6 +127,12 @@ class DistillSettings:
         keep = {k: v for k, v in asdict(self).items() if k not in ("eval_every", "checkpoint_every", "heldout_tokens")}
         if keep["loss_positions"] == "all":  # the default before the option existed: same fingerprint as then
             del keep["loss_positions"]
+        if keep["schedule"] == "cosine":  # likewise: the wsd fields do not change a cosine run
+            for k in ("schedule", "warmup_steps", "decay_ratio", "read_budgets"):
+                del keep[k]
+        else:
+            del keep["warmup_ratio"]
+            keep["read_budgets"] = sorted(keep["read_budgets"])
         return hashlib.sha256(json.dumps({"model": model, **keep}, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -267,22 +293,31 @@ class HeldOut:
                 self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, per_row: bool = False) -> dict:
+        """Pooled held-out numbers; with ``per_row`` also each held-out batch's sums (``heldout_rows``: kl_sum,
+        top1_sum, positions), the unit a bootstrap over held-out rows resamples."""
         if not self.items:
             return {}
         head = self.pair.model.get_output_embeddings()
         total: dict[str, float] = {}
+        rows = []
         for state, boundary, mask, teacher, labels in self.items:
             student, _ = self.pair.student_upper(state, boundary)
-            for k, v in eval_metrics(student[mask], teacher, labels, head, self.chunk_size).items():
+            sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
+            rows.append({k: sums[k] for k in ("kl_sum", "top1_sum", "positions")})
+            for k, v in sums.items():
                 total[k] = total.get(k, 0) + v
         n, m = max(total["positions"], 1), max(total["labelled"], 1)
-        return {
+        out = {
             "heldout_kl": total["kl_sum"] / n,
+            "heldout_top1": total["top1_sum"] / n,
             "heldout_student_nll": total["student_nll_sum"] / m,
             "heldout_teacher_nll": total["teacher_nll_sum"] / m,
             "heldout_tokens": int(total["positions"]),
         }
+        if per_row:
+            out["heldout_rows"] = rows
+        return out
 
 
 # -- data --------------------------------------------------------------------------------------------------------
@@ -386,6 +421,32 @@ def _auto_every(total: int, times: int) -> int:
     return max(1, math.ceil(total / times))
 
 
+@dataclass(frozen=True)
+class BudgetRead:
+    """Where a wsd run reads one budget: ``steps`` steps reach ``tokens`` (>= ``budget``) training tokens; the
+    branch leaves the stable run after ``branch_at`` steps and decays over the last ``steps - branch_at``."""
+
+    budget: int
+    steps: int
+    tokens: int
+    branch_at: int
+
+
+def wsd_plan(settings: DistillSettings, batch_tokens: list[int]) -> list[BudgetRead]:
+    """The reads of a wsd run, smallest budget first, from the training tokens of each batch in order: a budget's
+    steps are the fewest whose tokens reach it (all of them if the data run out first)."""
+    cumulative, total = [], 0
+    for n in batch_tokens:
+        total += n
+        cumulative.append(total)
+    plan = []
+    for budget in sorted(set(settings.read_budgets)):
+        steps = next((i + 1 for i, c in enumerate(cumulative) if c >= budget), len(cumulative))
+        decay = max(1, math.ceil(settings.decay_ratio * steps))
+        plan.append(BudgetRead(budget, steps, cumulative[steps - 1], steps - decay))
+    return plan
+
+
 def _open_cache(teacher_cache, student, settings: DistillSettings):
     """The run's teacher cache (opened and checked against the run: one line if it does not fit), or None."""
     if teacher_cache is None:
@@ -421,11 +482,16 @@ def train(
     extra_summary: dict | None = None,
     overwrite: bool = False,
     teacher_cache=None,
+    save_at: dict[int, str | os.PathLike] | None = None,
 ) -> dict:
     """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary.
 
     ``teacher_cache`` (a ``TeacherCache`` or its directory): the teacher's side of every step and held-out number
-    and the packed data come from it (``swiftkv.teacher_cache``); the conversations are then not needed."""
+    and the packed data come from it (``swiftkv.teacher_cache``); the conversations are then not needed.
+
+    With ``settings.schedule == "wsd"`` every budget of ``settings.read_budgets`` is read along the way (held-out KL
+    and top-1 per held-out row in the log's ``budget`` events and the summary's ``budget_reads``); ``output`` gets
+    the largest budget's student and ``save_at`` {budget: directory} the students of other budgets."""
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
@@ -435,13 +501,17 @@ def train(
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
     from swiftkv.data import collate_packs
-    from swiftkv.io import MARKER, check_output_dir, mark_dir, remove_own_files
+    from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.teacher_cache import cached_batch
 
     settings.validate()
     started = time.perf_counter()
     # before any work: the output and the checkpoint directory must be ours to (re)write
     output = check_output_dir(output, overwrite)
+    save_at = {int(b): check_output_dir(d, overwrite) for b, d in (save_at or {}).items()}
+    if set(save_at) - set(settings.read_budgets):
+        raise SwiftKVError(f"--save-at names budgets the run does not read: "
+                           f"{sorted(set(save_at) - set(settings.read_budgets))}; use budgets of --read-budgets")
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else output.with_name(output.name + ".ckpt")
     check_output_dir(ckpt_dir, overwrite)
     fingerprint = settings.fingerprint(model_name)
@@ -486,8 +556,15 @@ def train(
     if settings.train:
         pair, optimizer, loader = accelerator.prepare(pair, optimizer, loader)
     total_steps = len(loader) if settings.train else 0
-    scheduler = None
-    if settings.train:
+    scheduler, plan = None, []
+    if settings.train and settings.schedule == "wsd":
+        bs = settings.batch_size
+        plan = wsd_plan(settings, [sum(len(p) for p, _ in train_items[i:i + bs])
+                                   for i in range(0, len(train_items), bs)])
+        total_steps = plan[-1].branch_at  # the stable run; the last branch ends the run
+        warm = settings.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    elif settings.train:
         scheduler = get_cosine_schedule_with_warmup(
             optimizer, math.ceil(settings.warmup_ratio * total_steps), total_steps
         )
@@ -528,31 +605,88 @@ def train(
     bar = tqdm(total=total_steps, initial=start_step, desc="distill", unit="step", disable=not (progress and main))
     data_iter = accelerator.skip_first_batches(loader, start_step) if start_step else loader
     step = start_step
+
+    def train_step(batch: dict, lr: float | None = None) -> tuple[float, int, float, float]:
+        """One optimizer step at the scheduler's lr (or at ``lr``): (loss, tokens, seconds, lr used)."""
+        t0 = time.perf_counter()
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        out = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
+                   batch.get("teacher_pre_last"))
+        with accelerator.autocast():
+            loss = compute_loss(out, batch, head, settings)
+        accelerator.backward(loss)
+        if settings.max_grad_norm:
+            accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+        used = optimizer.param_groups[0]["lr"]  # the rate this step uses
+        optimizer.step()
+        if lr is None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        n_tokens = int(accelerator.reduce(batch["loss_mask"].sum(), "sum"))
+        return float(accelerator.reduce(loss.detach(), "mean")), n_tokens, time.perf_counter() - t0, used
+
+    # budgets a resumed run already read (their records survive in the log up to the checkpoint's step)
+    done_reads = {r["budget"]: r for r in log.records if r["event"] == "budget"} if main else {}
+
+    def read_budgets(at: int) -> dict | None:
+        """The wsd branches that leave the stable run after ``at`` steps: decay, read, save, and (except after the
+        last budget) restore the stable state. Returns the last budget's read once it is done."""
+        nonlocal train_seconds
+        for read in (r for r in plan if r.branch_at == at and r.budget not in done_reads):
+            last = read is plan[-1]
+            saved = None if last else ({n: p.detach().clone() for n, p in trainable_parameters(raw).items()},
+                                       copy.deepcopy(optimizer.state_dict()))
+            decay, bs = read.steps - read.branch_at, settings.batch_size
+            for i in range(decay):
+                j = read.branch_at + i
+                batch = collate_with("train")(train_items[j * bs:(j + 1) * bs])
+                loss_value, n_tokens, dt, used = train_step({k: v.to(accelerator.device) for k, v in batch.items()},
+                                                            lr=settings.lr * (1 - i / decay))
+                train_seconds += dt
+                log.write({"event": "train", "branch": read.budget, "step": at, "branch_step": j + 1,
+                           "loss": loss_value, "lr": used, "step_s": dt, "tok_per_s": n_tokens / dt})
+            pair.eval()
+            metrics = heldout.evaluate(per_row=True)
+            pair.train()
+            record = {"event": "budget", "budget": read.budget, "step": at, "steps": read.steps,
+                      "tokens": read.tokens, "decay_steps": decay, **metrics}
+            log.write(record)
+            done_reads[read.budget] = record
+            if read.budget in save_at and main:  # staged in the checkpoint directory (a resumed run keeps it)
+                save_model_dir(raw.model.swiftkv(True), tokenizer, ckpt_dir / f"budget-{read.budget}",
+                               files={SUMMARY_FILE: json.dumps({"model": model_name, "settings": asdict(settings),
+                                                                "fingerprint": fingerprint, "read": record},
+                                                               indent=2) + "\n"},
+                               overwrite=True, what=f"distilled checkpoint at {read.budget} tokens")
+            if saved is not None:
+                with torch.no_grad():
+                    for name, p in trainable_parameters(raw).items():
+                        p.copy_(saved[0][name])
+                optimizer.load_state_dict(saved[1])
+            if last:
+                return record
+        return None
+
+    last_read = None
     if settings.train:
         pair.train()
+        if plan:
+            last_read = read_budgets(step)
         for batch in data_iter:
-            t0 = time.perf_counter()
-            out = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
-                       batch.get("teacher_pre_last"))
-            with accelerator.autocast():
-                loss = compute_loss(out, batch, head, settings)
-            accelerator.backward(loss)
-            if settings.max_grad_norm:
-                accelerator.clip_grad_norm_(params, settings.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]  # the rate this step uses
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            n_tokens = int(accelerator.reduce(batch["loss_mask"].sum(), "sum"))
-            dt = time.perf_counter() - t0
+            if plan and step >= total_steps:
+                break
+            loss_value, n_tokens, dt, lr = train_step(batch)
             step += 1
             tokens_seen += n_tokens
             train_seconds += dt
-            loss_value = float(accelerator.reduce(loss.detach(), "mean"))
             log.write({"event": "train", "step": step, "tokens": tokens_seen, "loss": loss_value,
                        "lr": lr, "step_s": dt, "tok_per_s": n_tokens / dt})
             bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_seen / train_seconds:.0f}")
             bar.update()
+            if plan:
+                last_read = read_budgets(step) or last_read
             if step % eval_every == 0 and step < total_steps:
                 evaluate(step)
             if step % ckpt_every == 0 and step < total_steps and main:
@@ -565,7 +699,12 @@ def train(
                 raise Interrupted(f"interrupted after step {step}")
         pair.eval()
     bar.close()
-    final = evaluate(step) if step > 0 or initial is None else initial
+    if last_read is not None:  # wsd: the run ends with its largest budget's branch, read there
+        step, tokens_seen = last_read["steps"], last_read["tokens"]
+        final = {k: v for k, v in last_read.items() if k.startswith("heldout") and k != "heldout_rows"}
+        log.write({"event": "eval", "step": step, "tokens": tokens_seen, **final})
+    else:
+        final = evaluate(step) if step > 0 or initial is None else initial
 
     records = log.records if main else []
     evals = [r for r in records if r["event"] == "eval"]
@@ -589,6 +728,7 @@ def train(
         "device": str(accelerator.device),
         "teacher_cache": None if cache is None else {"path": str(cache.path), "key": asdict(cache.key),
                                                       "build": cache.build},
+        **({"budget_reads": [done_reads[r.budget] for r in plan]} if plan else {}),
         **(extra_summary or {}),
     }
     if main:
@@ -598,6 +738,13 @@ def train(
         if (ckpt_dir / LOG_FILE).exists():
             files[LOG_FILE] = ckpt_dir / LOG_FILE
         save_model_dir(model, tokenizer, output, files=files, overwrite=overwrite, what="distilled checkpoint")
+        for budget, target in save_at.items():  # the students read at other budgets, from their staging place
+            staged = ckpt_dir / f"budget-{budget}"
+            with atomic_dir(target, overwrite=overwrite, what=f"distilled checkpoint at {budget} tokens") as tmp:
+                for item in staged.iterdir():
+                    if item.name != MARKER:
+                        os.replace(item, tmp / item.name)
+            remove_own_files(staged, [MARKER])
         remove_own_files(ckpt_dir, [CHECKPOINT_FILE, LOG_FILE, MARKER])
     accelerator.wait_for_everyone()
     return summary
@@ -631,4 +778,5 @@ def run_from_cli(args, settings: DistillSettings) -> dict:
         extra_summary={"variant": args.variant, "source_report": source},
         overwrite=args.overwrite,
         teacher_cache=args.teacher_cache,
+        save_at=dict(args.save_at or []),
     )

@@ -136,14 +136,17 @@ def lm_cross_entropy(student_hidden, labels, head, chunk_size: int = 1024):
 
 @torch.no_grad()
 def eval_metrics(student_hidden, teacher_hidden, labels, head, chunk_size: int = 1024) -> dict[str, float]:
-    """Sums over positions: KL(teacher || student) at T = 1 (nats), and both models' NLL of the next token where
-    ``labels`` has one (labels < 0 are skipped); counts included so that sums from several batches can be pooled."""
-    out = {"kl_sum": 0.0, "positions": 0, "student_nll_sum": 0.0, "teacher_nll_sum": 0.0, "labelled": 0}
+    """Sums over positions: KL(teacher || student) at T = 1 (nats), top-1 agreement (student's argmax = teacher's),
+    and both models' NLL of the next token where ``labels`` has one (labels < 0 are skipped); counts included so
+    that sums from several batches can be pooled."""
+    out = {"kl_sum": 0.0, "top1_sum": 0, "positions": 0, "student_nll_sum": 0.0, "teacher_nll_sum": 0.0,
+           "labelled": 0}
     for start in range(0, student_hidden.shape[0], chunk_size):
         s = head(student_hidden[start:start + chunk_size]).float()
         t = head(teacher_hidden[start:start + chunk_size]).float()
         y = labels[start:start + chunk_size]
         out["kl_sum"] += float(kl_sum(s, t, 1.0))
+        out["top1_sum"] += int((s.argmax(-1) == t.argmax(-1)).sum())
         out["positions"] += s.shape[0]
         keep = y >= 0
         if keep.any():

@@ -1,0 +1,195 @@
+# Rules of the budget-scaling study (see the Snakefile index; issue 16, item 3): held-out KL and top-1 agreement
+# against training tokens, one warmup-stable-decay run per row read at every budget (swiftkv distill --schedule wsd),
+# task accuracy at the smallest and largest budget, separate cosine runs at two budgets to check the reading.
+# How a claim is read from it is registered in analysis/claims.yaml (budget_scaling).
+SCALING = config.get("budget_scaling")  # null or absent: a profile without the study
+
+wildcard_constraints:
+    point="smallest|largest",
+    tokens=r"\d+",
+
+
+def scaling_run(wildcards):
+    """The config's row for {run}: the variants sheet's row it trains, and its recipe options."""
+    runs = SCALING["runs"]
+    if wildcards.run not in runs:
+        stop(f"config budget_scaling.runs has no run {wildcards.run!r}; it has {', '.join(runs)}")
+    spec = runs[wildcards.run]
+    if (wildcards.model, spec["variant"]) not in VARIANTS.index:
+        stop(f"config budget_scaling.runs.{wildcards.run}: {spec['variant']} of {wildcards.model} is not a row of "
+             f"the variants sheet ({config['distill']['variants']})")
+    return spec
+
+
+def scaling_args(wildcards, budgets=None):
+    """The recipe of the tables (data, row length, seed, per-scope lr) on the study's held-out sample; wsd options
+    for a study run, the cosine schedule for a check run at {tokens}."""
+    d, s, spec = config["distill"], SCALING, scaling_run(wildcards)
+    scope = VARIANTS.loc[(wildcards.model, spec["variant"])].scope
+    lr = d.get("lr_by_scope", {}).get(scope, d.get("overrides", {}).get("lr", 3e-4))
+    opts = {"max-length": d["max_length"], "heldout-tokens": s["heldout_tokens"], "seed": d["seed"],
+            "data": d["data"], "batch-size": 1, "lr": lr, "eval-every": "end"}
+    if "loss_positions" in spec:
+        opts["loss-positions"] = spec["loss_positions"]
+    if budgets is None:  # a check run: the tables' cosine schedule at one budget
+        opts["tokens"] = wildcards.tokens
+    else:
+        opts.update({"tokens": max(budgets), "schedule": "wsd", "read-budgets": ",".join(map(str, sorted(budgets))),
+                     "warmup-steps": s["warmup_steps"], "decay-ratio": s["decay_ratio"]})
+    return " ".join(f"--{k} {v}" for k, v in opts.items())
+
+
+def scaling_layers(model):
+    return sorted({int(VARIANTS.loc[(model, spec["variant"])].num_key_value_layers) for spec in SCALING["runs"].values()})
+
+
+SCALING_DISTILL = (
+    "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {params.variant} "
+    "--variants {input.variants} {params.options} --teacher-cache {input.cache} {MIXED_PRECISION} "
+    "--threads {threads} --resume"
+)
+
+
+# The study's own teacher cache: its largest budget and its larger held-out sample (12 rows, the bootstrap's unit).
+rule build_scaling_cache:
+    input:
+        model=model_input,
+    output:
+        directory("results/budget_scaling/{model}/teacher_cache"),
+    log:
+        "logs/build_scaling_cache/{model}.log",
+    benchmark:
+        "benchmarks/build_scaling_cache/{model}.tsv"
+    params:
+        source=model_source,
+        layers=lambda w: " ".join(map(str, scaling_layers(w.model))),
+        tokens=lambda w: max(SCALING["budgets"]),
+        heldout=SCALING["heldout_tokens"] if SCALING else 0,
+        d={k: config["distill"].get(k) for k in ("max_length", "data", "seed", "cache_dtype")},
+    threads: ALL_CORES
+    shell:
+        "swiftkv teacher-cache {params.source} --layers {params.layers} --tokens {params.tokens}"
+        " --max-length {params.d[max_length]} --heldout-tokens {params.heldout} --seed {params.d[seed]}"
+        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {DTYPE} --threads {threads}"
+        " --no-progress -o {output} > {log} 2>&1"
+
+
+# One run per row: read at every budget; the largest budget's student and the smallest's are kept for evaluation.
+rule distill_scaling:
+    input:
+        model=model_input,
+        variants=config["distill"]["variants"],
+        cache="results/budget_scaling/{model}/teacher_cache",
+    output:
+        largest=directory("results/budget_scaling/{model}/{run}/largest"),
+        smallest=directory("results/budget_scaling/{model}/{run}/smallest"),
+    log:
+        "logs/distill_scaling/{model}/{run}.log",
+    benchmark:
+        "benchmarks/distill_scaling/{model}/{run}.tsv"
+    params:
+        launcher=distill_launcher,
+        model=model_source,
+        variant=lambda w: scaling_run(w)["variant"],
+        options=lambda w: scaling_args(w, SCALING["budgets"]),
+        smallest=lambda w: min(SCALING["budgets"]),
+    threads: DISTILL_THREADS
+    shell:
+        SCALING_DISTILL + " --save-at {params.smallest}={output.smallest} -o {output.largest} > {log} 2>&1"
+
+
+# The check: the same row trained separately with the tables' cosine schedule at one budget.
+rule distill_scaling_check:
+    input:
+        model=model_input,
+        variants=config["distill"]["variants"],
+        cache="results/budget_scaling/{model}/teacher_cache",
+    output:
+        directory("results/budget_scaling/{model}/{run}/check-{tokens}"),
+    log:
+        "logs/distill_scaling_check/{model}/{run}/{tokens}.log",
+    benchmark:
+        "benchmarks/distill_scaling_check/{model}/{run}/{tokens}.tsv"
+    params:
+        launcher=distill_launcher,
+        model=model_source,
+        variant=lambda w: scaling_run(w)["variant"],
+        options=scaling_args,
+    threads: DISTILL_THREADS
+    shell:
+        SCALING_DISTILL + " -o {output} > {log} 2>&1"
+
+
+def scaling_eval_inputs(wildcards):
+    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json",
+              "ppl": f"results/tasks/heldout-ppl/{wildcards.model}",
+              "checkpoint": f"results/budget_scaling/{wildcards.model}/{wildcards.run}/{wildcards.point}"}
+    if EVAL["suite"] == "bigbench":
+        inputs["bigbench"] = "results/tasks/bigbench"
+    return inputs
+
+
+# Task accuracy at the end points, evaluated exactly as the tables' rows are (native KV cache).
+rule eval_scaling:
+    input:
+        unpack(scaling_eval_inputs),
+    output:
+        lm_eval="results/budget_scaling/{model}/{run}/eval-{point}/{kvcache}/lm_eval.json",
+        fidelity="results/budget_scaling/{model}/{run}/eval-{point}/{kvcache}/fidelity.json",
+    log:
+        "logs/eval_scaling/{model}/{run}/{point}/{kvcache}.log",
+    benchmark:
+        "benchmarks/eval_scaling/{model}/{run}/{point}/{kvcache}.tsv"
+    params:
+        target=lambda w, input: input.checkpoint,
+        base=model_source,
+        include=eval_include_args,
+        fidelity=eval_fidelity_args,
+        batch=EVAL["batch_size"],
+    threads: ALL_CORES
+    shell:
+        EVAL_SHELL
+
+
+def scaling_inputs(wildcards=None):
+    """Every file the study's table reads: each run's two students (their distill.json / train_log.jsonl), their
+    evaluations, the check runs and the base row's evaluation."""
+    model, root = SCALING["model"], f"results/budget_scaling/{SCALING['model']}"
+    runs = list(SCALING["runs"])
+    check = SCALING["check"]
+    return {
+        "runs": [f"{root}/{r}/{p}" for r in runs for p in ("smallest", "largest")],
+        "checks": [f"{root}/{check['run']}/check-{t}" for t in check["budgets"]],
+        "evals": [f"{root}/{r}/eval-{p}/native/{f}.json" for r in runs for p in ("smallest", "largest")
+                  for f in ("lm_eval", "fidelity")],
+        "base": [f"results/eval/{model}/base/native/lm_eval.json", f"results/eval/{model}/tasks.json"],
+    }
+
+
+rule raw_budget_scaling:
+    input:
+        unpack(scaling_inputs),
+    output:
+        directory("reports/raw/budget_scaling"),
+    log:
+        "logs/raw_budget_scaling.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
+rule make_budget_scaling:
+    input:
+        raw="reports/raw/budget_scaling",
+    output:
+        csv=report("reports/budget_scaling.csv", caption="../report/budget_scaling.rst", category="Distillation"),
+        figure=report("reports/figure_budget_scaling.png", caption="../report/budget_scaling.rst",
+                      category="Distillation"),
+    log:
+        "logs/make_budget_scaling.log",
+    params:
+        study=SCALING,
+        bootstrap=EVAL["bootstrap"],
+    script:
+        "../scripts/make_budget_scaling.py"
