@@ -29,13 +29,15 @@ EXPECTED_COLUMNS = {
     "seeds.csv": ["model", "variant", "seed", "n_seeds", "average", "average_lo", "average_hi", "delta_base",
                   "delta_base_lo", "delta_base_hi", "ref", "delta_ref", "delta_ref_lo", "delta_ref_hi", "heldout_kl"],
     "lr_sweep.csv": ["model", "variant", "scope", "lr", "heldout_kl_final", "chosen", "at_edge", "configured"],
+    "budget_scaling.csv": ["kind", "claim", "run", "other", "budget", "tokens", "metric", "estimate", "lo", "hi",
+                           "verdict"],
     "table3.csv": _SERVE + ["kv_limit", "kv_cache_bytes"],
     "tableA3.csv": _SERVE + ["min_ratio", "mean_ratio"],
     "claims.csv": ["id", "rule", "estimate", "lo", "hi", "points", "verdict", "status", "evidence",
                    "evidence_commit"],
 }
 FIGURES = ["figure2_simscore.png", "figure2_forward_time.png", "figure_distill_curve.png", "figure3_throughput.png",
-           "figure4_latency.png"]
+           "figure4_latency.png", "figure_budget_scaling.png"]
 
 
 def check_image(path: Path) -> str | None:

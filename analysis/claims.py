@@ -307,7 +307,9 @@ EVALUATORS = {
                                                   "paper_kv_cache_reduction",
                                                   lambda row: f"{row['model']} g={row['key_value_group_size']}"),
     "simscore-half-depth": _simscore,
-    "simscore-predicts-loss": _awaiting("reports/budget_scaling.csv (the budget-scaling study) is not run yet"),
+    "simscore-predicts-loss": _awaiting("a rank correlation needs >= 3 trained cut points of a model; the "
+                                        "budget-scaling study trains two (l = 22, 15): the advisor's calibration "
+                                        "(issue 18) adds more"),
     "prefill-time-halved": _awaiting("the repeat-level timings behind Fig. 2 (right) are in results/, not reports/; "
                                      "evaluated once they are committed (raw results)"),
     "quality-loss-25": _seeded(["swiftkv-25"], "base", column="delta_base", table="table2.csv"),
@@ -355,6 +357,54 @@ def _deciding(rule: Rule, points: list[Point]) -> Point | None:
     return min(points, key=lambda p: p.lo - rule.threshold if rule.direction == "above" else rule.threshold - p.hi)
 
 
+DEPENDS = "depends on budget"
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What the budget-scaling study says of a claim (analysis/claims.yaml, budget_scaling): the per-budget KL
+    verdicts, their ordering, and the claim's accuracy rule at the end points (smallest first)."""
+
+    kl: str = ""
+    ordering: str = ""
+    accuracy: list[tuple[int, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "; ".join(f"{b} tokens: {v}" for b, v in self.accuracy)
+
+
+def _scaling(reports: Path) -> dict[str, Scaling]:
+    """Per claim, the registered reading of reports/budget_scaling.csv (empty without the study)."""
+    import pandas as pd
+
+    path = reports / "budget_scaling.csv"
+    if not path.is_file():
+        return {}
+    df = pd.read_csv(path)
+    out = {}
+    for claim, g in df[df.claim.notna()].groupby("claim", sort=False):
+        kl = g[(g.kind == "pair") & (g.metric == "kl_difference")].sort_values("budget")
+        acc = g[(g.kind == "pair") & (g.metric == "accuracy_difference")].sort_values("budget")
+        order = g[g.kind == "ordering"]
+        out[claim] = Scaling(
+            kl="; ".join(f"{int(r.budget)}: {_fmt(r.estimate)} [{_fmt(r.lo)}, {_fmt(r.hi)}] {r.verdict}"
+                         for r in kl.itertuples()),
+            ordering=order.verdict.iloc[0] if len(order) else "",
+            accuracy=[(int(r.budget), f"{_fmt(r.estimate)} [{_fmt(r.lo)}, {_fmt(r.hi)}] {r.verdict}")
+                      for r in acc.itertuples()],
+        )
+    return out
+
+
+def budget_verdict(table_verdict: str, largest_accuracy: str | None) -> str:
+    """The registered rule: the table budget's verdict stands unless the claim's accuracy rule at the largest budget
+    decides the opposite (then "depends on budget")."""
+    if largest_accuracy is None:
+        return table_verdict
+    opposite = {HOLDS: FAILS, FAILS: HOLDS}.get(table_verdict)
+    return DEPENDS if opposite is not None and largest_accuracy.endswith(opposite) else table_verdict
+
+
 def _fmt(v: float) -> str:
     return "nan" if math.isnan(v) else f"{v:.4g}"
 
@@ -368,6 +418,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
     import pandas as pd
 
     reports, commits = Path(reports), commits or {}
+    scaling = _scaling(reports)
     rows = []
     for claim in load_registry(registry):
         if claim.id not in EVALUATORS:
@@ -379,12 +430,17 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
         verdict = decide(claim.rule, ev.points)
         decider = _deciding(claim.rule, ev.points)
         by_current_run = claim.decided_by.startswith("default profile")
-        scaling_pending = "budget-scaling" in claim.decided_by  # (the study is not built yet: issue 16, item 3)
+        by_scaling = "budget-scaling" in claim.decided_by
+        study = scaling.get(claim.id)
+        scaling_pending = by_scaling and study is None
         status = (AWAITING if not ev.points else DECIDED if by_current_run or (ev.seeded and not scaling_pending)
                   else PROVISIONAL)
+        if by_scaling and study is not None and study.accuracy and ev.points:
+            verdict = budget_verdict(verdict, study.accuracy[-1][1])
         if status == PROVISIONAL and ev.seeded:
-            why = ("decided at the table budget by the seeds run (seeds.csv); the ordering across budgets "
-                   "awaits the budget-scaling study")
+            why = ("decided at the table budget by the seeds run (seeds.csv); "
+                   + ("reports/budget_scaling.csv has no row of this comparison" if (reports / "budget_scaling.csv")
+                      .is_file() else "the ordering across budgets awaits the budget-scaling study"))
         elif status == PROVISIONAL and ev.missing:
             why = f"decided by {claim.decided_by}; these points are seeded, but {ev.missing} yet"
         elif status == PROVISIONAL:
@@ -406,10 +462,14 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "verdict": verdict,
             "status": status,
             "why": why,
-            "evidence": " ".join(ev.files),
-            "evidence_commit": " ".join(commits.get(Path(f).name, commit) for f in ev.files) or commit,
+            "evidence": " ".join(ev.files + ([str(reports / "budget_scaling.csv")] if study else [])),
+            "evidence_commit": " ".join(commits.get(Path(f).name, commit) for f in ev.files
+                                        + (["budget_scaling.csv"] if study else [])) or commit,
             "registered": claim.registered,
             "decided_by": claim.decided_by,
+            "scaling_kl": study.kl if study else "",
+            "scaling_ordering": study.ordering if study else "",
+            "scaling_accuracy": study.text() if study else "",
         })
     return pd.DataFrame(rows)
 

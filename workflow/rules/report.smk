@@ -15,6 +15,8 @@ REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions ar
     ("Table B.2: MQA vs AcrossKV", "reports/tableB2.csv", "accuracy_table.rst"),
     *([("Training seeds", "reports/seeds.csv", "seeds.rst")] if SEEDS else []),  # profiles with the studies
     *([("Learning rate per training scope", "reports/lr_sweep.csv", "lr_sweep.rst")] if LR_SWEEP else []),
+    *([("Budget scaling", "reports/figure_budget_scaling.png", "budget_scaling.rst"),
+       ("Budget scaling: every number", "reports/budget_scaling.csv", "budget_scaling.rst")] if SCALING else []),
     ("Figure 3: throughput vs input length", "reports/figure3_throughput.png", "figure3_throughput.rst"),
     ("Figure 4: latency vs request rate", "reports/figure4_latency.png", "figure4_latency.rst"),
     ("Table 3: throughput under KV-cache limits", "reports/table3.csv", "table3.rst"),
@@ -33,7 +35,7 @@ def report_sections():
 # The registered claims (analysis/claims.yaml) against this run's tables: one row per claim, its rule, every point,
 # the verdict over all of them and whether this run decides it (reports/claims.csv).
 CLAIM_TABLES = ["table1", "table_kv_memory", "simscore_crossings", "table2", "table4a", "table4b", "tableB1", "tableB2",
-                *(["seeds"] if SEEDS else []), "table3", "tableA3"]
+                *(["seeds"] if SEEDS else []), *(["budget_scaling"] if SCALING else []), "table3", "tableA3"]
 
 
 rule make_claims:

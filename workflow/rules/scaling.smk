@@ -11,7 +11,7 @@ wildcard_constraints:
 
 def scaling_run(wildcards):
     """The config's row for {run}: the variants sheet's row it trains, and its recipe options."""
-    runs = SCALING["runs"]
+    runs = {r["name"]: r for r in SCALING["runs"]}
     if wildcards.run not in runs:
         stop(f"config budget_scaling.runs has no run {wildcards.run!r}; it has {', '.join(runs)}")
     spec = runs[wildcards.run]
@@ -40,7 +40,7 @@ def scaling_args(wildcards, budgets=None):
 
 
 def scaling_layers(model):
-    return sorted({int(VARIANTS.loc[(model, spec["variant"])].num_key_value_layers) for spec in SCALING["runs"].values()})
+    return sorted({int(VARIANTS.loc[(model, spec["variant"])].num_key_value_layers) for spec in SCALING["runs"]})
 
 
 SCALING_DISTILL = (
@@ -155,7 +155,7 @@ def scaling_inputs(wildcards=None):
     """Every file the study's table reads: each run's two students (their distill.json / train_log.jsonl), their
     evaluations, the check runs and the base row's evaluation."""
     model, root = SCALING["model"], f"results/budget_scaling/{SCALING['model']}"
-    runs = list(SCALING["runs"])
+    runs = [r["name"] for r in SCALING["runs"]]
     check = SCALING["check"]
     return {
         "runs": [f"{root}/{r}/{p}" for r in runs for p in ("smallest", "largest")],
