@@ -232,3 +232,51 @@ def plot_scaling(frame: pd.DataFrame, path: str | Path, labels: dict[str, str] |
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
     plt.close(fig)
+
+
+def _ci_text(r, digits: int = 3, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    return f"{r.estimate:{sign}.{digits}f} [{r.lo:{sign}.{digits}f}, {r.hi:{sign}.{digits}f}]"
+
+
+def scaling_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
+    """The README's two tables from reports/budget_scaling.csv (generated, never typed: tests/test_scaling.py):
+    per row the held-out KL at the smallest and largest budget, the fitted exponent and the accuracy difference to
+    base at the end points; per registered comparison the KL verdict at each budget, the ordering and the accuracy
+    verdicts at the end points."""
+    labels = labels or {}
+    points, fits = frame[frame.kind == "point"], frame[frame.kind == "fit"]
+    budgets = sorted(points.budget.dropna().unique())
+    lo_b, hi_b = int(budgets[0]), int(budgets[-1])
+    lines = [f"| row | held-out KL at {lo_b:,} tokens | at {hi_b:,} | exponent b | Δ accuracy vs base at {lo_b:,} "
+             f"(points) | at {hi_b:,} |", "|---|---|---|---|---|---|"]
+    for run in points.run.unique():
+        p = points[points.run == run]
+
+        def cell(metric, budget, digits=3, signed=False):
+            r = p[(p.metric == metric) & (p.budget == budget)]
+            return _ci_text(r.iloc[0], digits, signed) if len(r) else ""
+
+        b = fits[(fits.run == run) & (fits.metric == "exponent_b")]
+        lines.append(f"| {labels.get(run, run)} | {cell('heldout_kl', lo_b)} | {cell('heldout_kl', hi_b)} | "
+                     f"{_ci_text(b.iloc[0], 2) if len(b) else ''} | {cell('accuracy_delta_base', lo_b, 1, True)} | "
+                     f"{cell('accuracy_delta_base', hi_b, 1, True)} |")
+    lines += ["", "| claim | rows | KL verdict per budget (smallest first) | ordering | accuracy verdict at "
+              f"{lo_b:,} / {hi_b:,} tokens |", "|---|---|---|---|---|"]
+    pairs = frame[frame.kind == "pair"]
+    orders = frame[frame.kind == "ordering"].set_index("claim")
+    for claim in pairs.claim.unique():
+        g = pairs[pairs.claim == claim]
+        kl = g[g.metric == "kl_difference"].sort_values("budget")
+        acc = g[g.metric == "accuracy_difference"].sort_values("budget")
+        first = g.iloc[0]
+        rows = f"{labels.get(first.run, first.run)} vs {labels.get(first.other, first.other)}"
+        lines.append(f"| {claim} | {rows} | {', '.join(kl.verdict) if len(kl) else '(vs base: no KL comparison)'} | "
+                     f"{orders.loc[claim, 'verdict'] if claim in orders.index else ''} | "
+                     f"{' / '.join(acc.verdict)} |")
+    checks = frame[frame.kind == "check"]
+    if len(checks):
+        lines += ["", "WSD reading vs separate cosine runs (registered tolerance 5%): " + "; ".join(
+            f"{int(r.budget):,} tokens: {r.lo:.3f} vs {r.hi:.3f} ({r.estimate:+.1%}, {r.verdict})"
+            for r in checks.itertuples()) + "."]
+    return "\n".join(lines) + "\n"

@@ -148,3 +148,12 @@ def test_claims_read_the_study_by_the_registered_rule(tmp_path):
     assert budget_verdict(FAILS, "3 [2, 4] holds") == DEPENDS
     assert budget_verdict(UNCLEAR, "3 [2, 4] holds") == UNCLEAR
     assert budget_verdict(HOLDS, "0 [-1, 1] cannot tell") == HOLDS and budget_verdict(FAILS, None) == FAILS
+
+
+def test_readme_tables_are_generated_from_the_table():
+    from analysis.scaling import scaling_markdown
+
+    text = scaling_markdown(table(), {"good": "Good"})
+    assert "| Good | " in text and "exponent b" in text
+    assert "| kl-beats-lm-loss | Good vs bad | holds, holds, holds, holds | same at every budget (holds) | holds / holds |" in text
+    assert "200 tokens:" in text and "does not agree" in text
