@@ -280,3 +280,14 @@ def scaling_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) 
             f"{int(r.budget):,} tokens: {r.lo:.3f} vs {r.hi:.3f} ({r.estimate:+.1%}, {r.verdict})"
             for r in checks.itertuples()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def run_labels(study: dict, sheet_labels: dict[str, str]) -> dict[str, str]:
+    """Each run's label: its variants-sheet row's, and the loss positions where the run sets them."""
+    out = {}
+    for r in study["runs"]:
+        label = sheet_labels.get(r["variant"], r["variant"])
+        if r.get("loss_positions") == "assistant":
+            label += ", loss on assistant tokens (Snowflake's current recipe)"
+        out[r["name"]] = label
+    return {**out, "base": "Base"}

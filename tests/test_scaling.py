@@ -157,3 +157,27 @@ def test_readme_tables_are_generated_from_the_table():
     assert "| Good | " in text and "exponent b" in text
     assert "| kl-beats-lm-loss | Good vs bad | holds, holds, holds, holds | same at every budget (holds) | holds / holds |" in text
     assert "200 tokens:" in text and "does not agree" in text
+
+
+def test_committed_budget_scaling_regenerates_from_its_raw_results_and_the_readme_quotes_it():
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from analysis.raw import verify
+    from analysis.scaling import run_labels, scaling_from_raw, scaling_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    profile = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    raw, study = root / "reports" / "raw" / "budget_scaling", profile["budget_scaling"]
+    assert verify(raw) == []
+    boot = profile["eval"]["bootstrap"]
+    frame = scaling_from_raw(raw, study, BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
+    committed = (root / "reports" / "budget_scaling.csv").read_text()
+    assert frame.to_csv(index=False, float_format="%.5g") == committed
+    sheet = pd.read_csv(root / "config" / "variants.tsv", sep="\t", keep_default_na=False)
+    sheet = sheet[sheet.model == study["model"]]
+    labels = run_labels(study, dict(zip(sheet.variant, sheet.label)))
+    readme = (root / "README.md").read_text()
+    assert scaling_markdown(pd.read_csv(root / "reports" / "budget_scaling.csv"), labels) in readme

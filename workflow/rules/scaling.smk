@@ -152,13 +152,13 @@ rule eval_scaling:
 
 
 def scaling_inputs(wildcards=None):
-    """Every file the study's table reads: each run's two students (their distill.json / train_log.jsonl), their
-    evaluations, the check runs and the base row's evaluation."""
+    """Every file the study's table reads: each run (its distill.json holds every budget's read; train_log.jsonl),
+    the evaluations of its smallest and largest student, the check runs and the base row's evaluation."""
     model, root = SCALING["model"], f"results/budget_scaling/{SCALING['model']}"
     runs = [r["name"] for r in SCALING["runs"]]
     check = SCALING["check"]
     return {
-        "runs": [f"{root}/{r}/{p}" for r in runs for p in ("smallest", "largest")],
+        "runs": [f"{root}/{r}/largest" for r in runs],
         "checks": [f"{root}/{check['run']}/check-{t}" for t in check["budgets"]],
         "evals": [f"{root}/{r}/eval-{p}/native/{f}.json" for r in runs for p in ("smallest", "largest")
                   for f in ("lm_eval", "fidelity")],
@@ -182,6 +182,7 @@ rule raw_budget_scaling:
 rule make_budget_scaling:
     input:
         raw="reports/raw/budget_scaling",
+        variants=config["distill"]["variants"],
     output:
         csv=report("reports/budget_scaling.csv", caption="../report/budget_scaling.rst", category="Distillation"),
         figure=report("reports/figure_budget_scaling.png", caption="../report/budget_scaling.rst",
