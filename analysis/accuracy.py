@@ -121,13 +121,19 @@ def _ppl(record: dict, row: Row, base: Row | None, settings: BootstrapSettings) 
         record["ppl_delta_base_sig"] = ci.excludes(0)
 
 
+def teacher_forced(fidelity: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per teacher-forced sequence of a fidelity result: KL sums, top-1 agreements and token counts."""
+    tf = fidelity["teacher_forced"]
+    return (np.array([r["kl_sum"] for r in tf], dtype=float), np.array([r["top1_agree"] for r in tf], dtype=float),
+            np.array([r["tokens"] for r in tf], dtype=float))
+
+
 def _fidelity(record: dict, row: Row, settings: BootstrapSettings) -> None:
     if not row.fid:
         return
-    tf = row.fid["teacher_forced"]
-    tokens = np.array([r["tokens"] for r in tf], dtype=float)
-    _put(record, "kl", ratio_ci(np.array([r["kl_sum"] for r in tf]), tokens, settings))
-    _put(record, "top1", ratio_ci(np.array([r["top1_agree"] for r in tf]), tokens, settings), 100)
+    kl, top1, tokens = teacher_forced(row.fid)
+    _put(record, "kl", ratio_ci(kl, tokens, settings))
+    _put(record, "top1", ratio_ci(top1, tokens, settings), 100)
     _put(record, "greedy", mean_ci(np.array([g["agreement"] for g in row.fid["greedy_rows"]]), settings), 100)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.accuracy import teacher_forced
 from analysis.distill import SUMMARY_FILE
 from analysis.io import read_json, task_scores
 from analysis.stats import BootstrapSettings, hierarchical_difference_ci
@@ -83,9 +84,8 @@ def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]
 def _fidelity(path) -> dict:
     if not path or not (Path(path).is_file() or Path(f"{path}.gz").is_file()):
         return {}
-    tf = read_json(path)["teacher_forced"]
-    tokens = sum(r["tokens"] for r in tf)
-    return {"kl": sum(r["kl_sum"] for r in tf) / tokens, "top1": 100 * sum(r["top1_agree"] for r in tf) / tokens}
+    kl, top1, tokens = teacher_forced(read_json(path))
+    return {"kl": kl.sum() / tokens.sum(), "top1": 100 * top1.sum() / tokens.sum()}
 
 
 def _heldout_kl(checkpoint) -> float:
