@@ -43,8 +43,8 @@ def study_paths(study: dict) -> dict:
     names = [r["name"] for r in study["runs"]]
     return {
         "runs": {r: {p: f"{root}/{r}/{p}" for p in ("smallest", "largest")} for r in names},
-        "evals": {r: {p: f"{root}/{r}/eval-{p}/native/lm_eval.json" for p in ("smallest", "largest")}
-                  for r in names},
+        "evals": {r: {p: f"{root}/{r}/eval-{p}/native/lm_eval.json"
+                      for p in study.get("accuracy_at", ["smallest", "largest"])} for r in names},
         "checks": {int(t): f"{root}/{study['check']['run']}/check-{t}" for t in study["check"]["budgets"]},
         "base": f"results/eval/{model}/base/native/lm_eval.json",
         "tasks": f"results/eval/{model}/tasks.json",
@@ -204,7 +204,7 @@ def plot_scaling(frame: pd.DataFrame, path: str | Path, labels: dict[str, str] |
     import matplotlib.pyplot as plt
 
     labels = labels or {}
-    fig, (ax_kl, ax_top) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_kl, ax_top) = plt.subplots(1, 2, figsize=(12, 6.2))
     points = frame[frame.kind == "point"]
     fits = frame[frame.kind == "fit"].set_index(["run", "metric"])
     for run, grp in points.groupby("run", sort=False):
@@ -218,18 +218,18 @@ def plot_scaling(frame: pd.DataFrame, path: str | Path, labels: dict[str, str] |
         x = np.geomspace(kl.tokens.min(), kl.tokens.max(), 50)
         ax_kl.plot(x, a * x ** (-b.estimate), "-", lw=1, color=line[0].get_color())
         ax_top.errorbar(top.tokens, top.estimate, yerr=[top.estimate - top.lo, top.hi - top.estimate], fmt="o-",
-                        ms=4, capsize=2, lw=1, color=line[0].get_color(), label=labels.get(run, run))
+                        ms=4, capsize=2, lw=1, color=line[0].get_color())
     ax_kl.set(xscale="log", yscale="log", xlabel="distillation tokens", ylabel="held-out KL(teacher || student), nats/token",
               title="Held-out KL; lines: KL = a * tokens^-b")
     ax_top.set(xscale="log", xlabel="distillation tokens", ylabel="top-1 agreement with the teacher (%)",
                title="Held-out top-1 agreement")
-    ax_kl.legend(fontsize=7)
-    ax_top.legend(fontsize=7)
     for ax in (ax_kl, ax_top):
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("Budget scaling (one warmup-stable-decay run per row, read at every budget; 95% intervals over "
                  "held-out rows)", fontsize=9)
-    fig.tight_layout()
+    handles, texts = ax_kl.get_legend_handles_labels()
+    fig.legend(handles, texts, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
@@ -248,8 +248,10 @@ def scaling_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) 
     points, fits = frame[frame.kind == "point"], frame[frame.kind == "fit"]
     budgets = sorted(points.budget.dropna().unique())
     lo_b, hi_b = int(budgets[0]), int(budgets[-1])
-    lines = [f"| row | held-out KL at {lo_b:,} tokens | at {hi_b:,} | exponent b | Δ accuracy vs base at {lo_b:,} "
-             f"(points) | at {hi_b:,} |", "|---|---|---|---|---|---|"]
+    acc_b = [int(b) for b in sorted(points[points.metric == "accuracy_delta_base"].budget.unique())]
+    lines = [f"| row | held-out KL at {lo_b:,} tokens | at {hi_b:,} | exponent b | "
+             + " | ".join(f"Δ accuracy vs base at {b:,} (points)" for b in acc_b) + " |",
+             "|---|---|---|---|" + "---|" * len(acc_b)]
     for run in points.run.unique():
         p = points[points.run == run]
 
@@ -259,10 +261,10 @@ def scaling_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) 
 
         b = fits[(fits.run == run) & (fits.metric == "exponent_b")]
         lines.append(f"| {labels.get(run, run)} | {cell('heldout_kl', lo_b)} | {cell('heldout_kl', hi_b)} | "
-                     f"{_ci_text(b.iloc[0], 2) if len(b) else ''} | {cell('accuracy_delta_base', lo_b, 1, True)} | "
-                     f"{cell('accuracy_delta_base', hi_b, 1, True)} |")
+                     f"{_ci_text(b.iloc[0], 2) if len(b) else ''} | "
+                     + " | ".join(cell("accuracy_delta_base", x, 1, True) for x in acc_b) + " |")
     lines += ["", "| claim | rows | KL verdict per budget (smallest first) | ordering | accuracy verdict at "
-              f"{lo_b:,} / {hi_b:,} tokens |", "|---|---|---|---|---|"]
+              f"{' / '.join(f'{b:,}' for b in acc_b)} tokens |", "|---|---|---|---|---|"]
     pairs = frame[frame.kind == "pair"]
     orders = frame[frame.kind == "ordering"].set_index("claim")
     for claim in pairs.claim.unique():

@@ -160,8 +160,8 @@ def scaling_inputs(wildcards=None):
     return {
         "runs": [f"{root}/{r}/largest" for r in runs],
         "checks": [f"{root}/{check['run']}/check-{t}" for t in check["budgets"]],
-        "evals": [f"{root}/{r}/eval-{p}/native/{f}.json" for r in runs for p in ("smallest", "largest")
-                  for f in ("lm_eval", "fidelity")],
+        "evals": [f"{root}/{r}/eval-{p}/native/{f}.json" for r in runs
+                  for p in SCALING.get("accuracy_at", ["smallest", "largest"]) for f in ("lm_eval", "fidelity")],
         "base": [f"results/eval/{model}/base/native/lm_eval.json", f"results/eval/{model}/tasks.json"],
     }
 
