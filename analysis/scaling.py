@@ -173,7 +173,8 @@ def build_scaling_table(study: dict, reads: dict[str, list[dict]], checks: dict[
                         "metric": "kl_relative_difference_wsd_vs_cosine", "estimate": rel,
                         "lo": read["heldout_kl"], "hi": cosine,
                         "verdict": "agrees" if abs(rel) <= CHECK_TOLERANCE else "does not agree"})
-    return pd.DataFrame.from_records(records).reindex(columns=COLUMNS)
+    frame = pd.DataFrame.from_records(records).reindex(columns=COLUMNS)
+    return frame.astype({"budget": "Int64", "tokens": "Int64"})  # counts stay integers in the CSV
 
 
 def scaling_from_raw(raw: str | Path, study: dict, settings: BootstrapSettings = BootstrapSettings(),
@@ -273,7 +274,15 @@ def scaling_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) 
         acc = g[g.metric == "accuracy_difference"].sort_values("budget")
         first = g.iloc[0]
         rows = f"{labels.get(first.run, first.run)} vs {labels.get(first.other, first.other)}"
-        lines.append(f"| {claim} | {rows} | {', '.join(kl.verdict) if len(kl) else '(vs base: no KL comparison)'} | "
+        if not len(kl):
+            kl_text = "(vs base: no KL comparison)"
+        elif (kl.verdict == NOT_A_KL_CLAIM).all():
+            kl_text = (f"no KL verdict (margin claim); KL({first.other}) - KL({first.run}): "
+                       f"{kl.estimate.iloc[0]:+.2f} at {int(kl.budget.iloc[0]):,} → {kl.estimate.iloc[-1]:+.2f} at "
+                       f"{int(kl.budget.iloc[-1]):,}")
+        else:
+            kl_text = ", ".join(kl.verdict)
+        lines.append(f"| {claim} | {rows} | {kl_text} | "
                      f"{orders.loc[claim, 'verdict'] if claim in orders.index else ''} | "
                      f"{' / '.join(acc.verdict)} |")
     checks = frame[frame.kind == "check"]
