@@ -37,14 +37,16 @@ NOT_A_KL_CLAIM = "n/a (margin claim)"
 
 
 def study_paths(study: dict) -> dict:
-    """The ``results/`` paths the study's table reads (the rules' inputs and the raw folder's layout)."""
+    """The ``results/`` paths the study's table reads (rule raw_budget_scaling's inputs and the raw folder's
+    layout): per run its run directory (the largest budget's student: its distill.json holds every budget's read)
+    and its evaluation directories (lm_eval.json, fidelity.json) at the ``accuracy_at`` points."""
     model = study["model"]
     root = f"results/budget_scaling/{model}"
     names = [r["name"] for r in study["runs"]]
     return {
-        "runs": {r: {p: f"{root}/{r}/{p}" for p in ("smallest", "largest")} for r in names},
-        "evals": {r: {p: f"{root}/{r}/eval-{p}/native/lm_eval.json"
-                      for p in study.get("accuracy_at", ["smallest", "largest"])} for r in names},
+        "runs": {r: f"{root}/{r}/largest" for r in names},
+        "evals": {r: {p: f"{root}/{r}/eval-{p}/native" for p in study.get("accuracy_at", ["smallest", "largest"])}
+                  for r in names},
         "checks": {int(t): f"{root}/{study['check']['run']}/check-{t}" for t in study["check"]["budgets"]},
         "base": f"results/eval/{model}/base/native/lm_eval.json",
         "tasks": f"results/eval/{model}/tasks.json",
@@ -187,10 +189,9 @@ def scaling_from_raw(raw: str | Path, study: dict, settings: BootstrapSettings =
     def summary(run_dir):
         return json.loads(raw_path(raw, f"{run_dir}/distill.json").read_text())
 
-    reads = {r: summary(p["largest"])["budget_reads"] for r, p in paths["runs"].items()}
+    reads = {r: summary(d)["budget_reads"] for r, d in paths["runs"].items()}
     checks = {t: summary(p) for t, p in paths["checks"].items()}
-    evals = {r: {p: read_json(raw_path(raw, path)) for p, path in pts.items()
-                 if raw_path(raw, path).exists() or raw_path(raw, f"{path}.gz").exists()}
+    evals = {r: {p: read_json(raw_path(raw, f"{d}/lm_eval.json")) for p, d in pts.items()}
              for r, pts in paths["evals"].items()}
     base = read_json(raw_path(raw, paths["base"]))
     tasks = json.loads(raw_path(raw, paths["tasks"]).read_text())["tasks"]

@@ -509,9 +509,9 @@ def train(
     # before any work: the output and the checkpoint directory must be ours to (re)write
     output = check_output_dir(output, overwrite)
     save_at = {int(b): check_output_dir(d, overwrite) for b, d in (save_at or {}).items()}
-    if set(save_at) - set(settings.read_budgets):
-        raise SwiftKVError(f"--save-at names budgets the run does not read: "
-                           f"{sorted(set(save_at) - set(settings.read_budgets))}; use budgets of --read-budgets")
+    unread = sorted(set(save_at) - set(settings.read_budgets))
+    if unread:
+        raise SwiftKVError(f"--save-at names budgets the run does not read: {unread}; use budgets of --read-budgets")
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else output.with_name(output.name + ".ckpt")
     check_output_dir(ckpt_dir, overwrite)
     fingerprint = settings.fingerprint(model_name)
@@ -636,8 +636,7 @@ def train(
         nonlocal train_seconds
         for read in (r for r in plan if r.branch_at == at and r.budget not in done_reads):
             last = read is plan[-1]
-            saved = None if last else ({n: p.detach().clone() for n, p in trainable_parameters(raw).items()},
-                                       copy.deepcopy(optimizer.state_dict()))
+            saved = None if last else ([p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict()))
             decay, bs = read.steps - read.branch_at, settings.batch_size
             for i in range(decay):
                 j = read.branch_at + i
@@ -660,10 +659,10 @@ def train(
                                                                 "fingerprint": fingerprint, "read": record},
                                                                indent=2) + "\n"},
                                overwrite=True, what=f"distilled checkpoint at {read.budget} tokens")
-            if saved is not None:
+            if saved is not None:  # back to the stable run: the optimizer's own parameters and state
                 with torch.no_grad():
-                    for name, p in trainable_parameters(raw).items():
-                        p.copy_(saved[0][name])
+                    for p, value in zip(params, saved[0], strict=True):
+                        p.copy_(value)
                 optimizer.load_state_dict(saved[1])
             if last:
                 return record

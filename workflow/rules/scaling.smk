@@ -152,17 +152,17 @@ rule eval_scaling:
 
 
 def scaling_inputs(wildcards=None):
-    """Every file the study's table reads: each run (its distill.json holds every budget's read; train_log.jsonl),
-    the evaluations of its smallest and largest student, the check runs and the base row's evaluation."""
-    model, root = SCALING["model"], f"results/budget_scaling/{SCALING['model']}"
-    runs = [r["name"] for r in SCALING["runs"]]
-    check = SCALING["check"]
+    """Every file the study's table reads (analysis.scaling.study_paths): each run (its distill.json holds every
+    budget's read; train_log.jsonl), its evaluations at the accuracy_at points, the check runs, the base row."""
+    from analysis.scaling import study_paths
+
+    paths = study_paths(SCALING)
     return {
-        "runs": [f"{root}/{r}/largest" for r in runs],
-        "checks": [f"{root}/{check['run']}/check-{t}" for t in check["budgets"]],
-        "evals": [f"{root}/{r}/eval-{p}/native/{f}.json" for r in runs
-                  for p in SCALING.get("accuracy_at", ["smallest", "largest"]) for f in ("lm_eval", "fidelity")],
-        "base": [f"results/eval/{model}/base/native/lm_eval.json", f"results/eval/{model}/tasks.json"],
+        "runs": list(paths["runs"].values()),
+        "checks": list(paths["checks"].values()),
+        "evals": [f"{d}/{f}.json" for pts in paths["evals"].values() for d in pts.values()
+                  for f in ("lm_eval", "fidelity")],
+        "base": [paths["base"], paths["tasks"]],
     }
 
 
