@@ -838,6 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: 5 per run)")
     g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
     g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
+    g.add_argument("--log-only", action="store_true",
+                   help="OUTPUT gets the run's summary (distill.json) and training log, not the student's weights "
+                   "(for runs read only through their held-out numbers, e.g. an lr sweep: saves ~4 bytes/parameter)")
     g.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the same settings")
     g.add_argument("--teacher-cache", help="a teacher cache (swiftkv teacher-cache) for these settings: the teacher's "
                    "side and the packed data come from it, so a step runs only the student's layers >= l")

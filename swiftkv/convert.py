@@ -154,14 +154,15 @@ def save_model_dir(model, tokenizer, output, files: dict | None = None, overwrit
                    what: str = "checkpoint") -> None:
     """``save_pretrained`` (Snowflake's format for SwiftKV models) + tokenizer + extra ``files`` (name -> text or
     a Path to copy) as one atomic directory write (``swiftkv.io.atomic_dir``: refuses a directory it did not write
-    unless ``overwrite``)."""
+    unless ``overwrite``). ``model`` or ``tokenizer`` None: not written."""
     import shutil
     from pathlib import Path
 
     from swiftkv.io import atomic_dir
 
     with atomic_dir(output, overwrite=overwrite, what=what) as tmp:
-        model.save_pretrained(tmp)
+        if model is not None:
+            model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, content in (files or {}).items():

@@ -483,8 +483,11 @@ def train(
     overwrite: bool = False,
     teacher_cache=None,
     save_at: dict[int, str | os.PathLike] | None = None,
+    log_only: bool = False,
 ) -> dict:
     """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary.
+    ``log_only``: ``output`` gets the run's summary and training log without the student's weights (a run that is
+    read only through its held-out numbers, e.g. an lr sweep).
 
     ``teacher_cache`` (a ``TeacherCache`` or its directory): the teacher's side of every step and held-out number
     and the packed data come from it (``swiftkv.teacher_cache``); the conversations are then not needed.
@@ -736,7 +739,10 @@ def train(
         files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
         if (ckpt_dir / LOG_FILE).exists():
             files[LOG_FILE] = ckpt_dir / LOG_FILE
-        save_model_dir(model, tokenizer, output, files=files, overwrite=overwrite, what="distilled checkpoint")
+        if log_only:  # the summary and the log only
+            save_model_dir(None, None, output, files=files, overwrite=overwrite, what="distillation log (--log-only)")
+        else:
+            save_model_dir(model, tokenizer, output, files=files, overwrite=overwrite, what="distilled checkpoint")
         for budget, target in save_at.items():  # the students read at other budgets, from their staging place
             staged = ckpt_dir / f"budget-{budget}"
             with atomic_dir(target, overwrite=overwrite, what=f"distilled checkpoint at {budget} tokens") as tmp:
@@ -778,4 +784,5 @@ def run_from_cli(args, settings: DistillSettings) -> dict:
         overwrite=args.overwrite,
         teacher_cache=args.teacher_cache,
         save_at=dict(args.save_at or []),
+        log_only=args.log_only,
     )

@@ -98,3 +98,15 @@ def test_save_at_a_budget_that_is_not_read_is_refused_before_work(cache_dir, tmp
     with pytest.raises(SwiftKVError, match="does not read"):
         run(tmp_path, "x", cache=cache_dir, train_kw={"save_at": {999: tmp_path / "at-999"}}, **WSD)
     assert not (tmp_path / "x").exists()
+
+
+def test_log_only_keeps_the_summary_and_log_without_weights(cache_dir, tmp_path):
+    """--log-only (lr sweep, the study's check runs): the same held-out numbers, no weights on disk."""
+    full = run(tmp_path, "full", cache=cache_dir, **{**WSD, "schedule": "cosine", "read_budgets": ()})
+    lean = run(tmp_path, "lean", cache=cache_dir, train_kw={"log_only": True},
+               **{**WSD, "schedule": "cosine", "read_budgets": ()})
+    assert lean["heldout_final"]["heldout_kl"] == full["heldout_final"]["heldout_kl"]
+    files = sorted(p.name for p in (tmp_path / "lean").iterdir() if not p.name.startswith("."))
+    assert files == ["distill.json", "train_log.jsonl"]
+    assert json.loads((tmp_path / "lean" / "distill.json").read_text())["steps"] == full["steps"]
+    assert (tmp_path / "full" / "model.safetensors").is_file() and not (tmp_path / "lean.ckpt").exists()

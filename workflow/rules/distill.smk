@@ -8,11 +8,11 @@ wildcard_constraints:
 
 # One distillation run into {output} (also the seeds study's and the lr sweep's, workflow/rules/seeds.smk); params
 # budget carries the seed and lr of the run (common.smk: distill_budget_args).
-DISTILL_SHELL = (
+DISTILL_COMMAND = (
     "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-    "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume -o {output}"
-    " > {log} 2>&1"
+    "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume"
 )
+DISTILL_SHELL = DISTILL_COMMAND + " -o {output} > {log} 2>&1"
 
 
 # The teacher's side of every distillation of a model (all variants, budgets, losses): one pass, one cache per seed.

@@ -127,7 +127,8 @@ def lr_sweep_runs():
     return [f"results/lr_sweep/{s['model']}/{v}/lr-{lr:g}" for v in s["variants"] for lr in s["lrs"]] if s else []
 
 
-# The table recipe and budget (profile seed) at one lr of the sweep: only the training log's held-out KL is used.
+# The table recipe and budget (profile seed) at one lr of the sweep: only the training log's held-out KL is used, so
+# the run keeps no weights (--log-only).
 rule distill_lr_sweep:
     input:
         model=model_input,
@@ -146,7 +147,7 @@ rule distill_lr_sweep:
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
     shell:
-        DISTILL_SHELL
+        DISTILL_COMMAND + " --log-only -o {output} > {log} 2>&1"
 
 
 rule raw_lr_sweep:
