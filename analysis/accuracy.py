@@ -7,8 +7,11 @@ examples, see ``analysis.stats``):
 - ``delta_base``: average minus the base model's, paired on the same examples (``_sig``: the interval excludes 0);
 - ``delta_ref``: the same against the table's reference row (Table 4a/4b: the KL-distilled partial 50% row;
   Table B.1: the same variant with the native cache; Table B.2: the AcrossKV row);
-- ``ppl``: held-out ShareGPT word perplexity; ``kl``, ``top1``, ``greedy``: fidelity to the teacher
-  (``swiftkv.fidelity``);
+- ``delta_base_mdd``: the minimum detectable difference of ``delta_base`` (two-sided 5% test, 80% power), from the
+  interval's half-width read as 1.96 standard errors (normal approximation): what this many examples can resolve;
+- ``bpb``: held-out ShareGPT bits per byte (the rolling log-likelihood of each document over its UTF-8 bytes, in
+  bits; tokenizer-independent), ``bpb_delta_base`` its paired difference to the base model; ``kl``, ``top1``,
+  ``greedy``: fidelity to the teacher (``swiftkv.fidelity``);
 - ``kv_reduction``: KV-cache memory saved against the base model with a bf16 cache (percent);
 - ``paper_*``: the paper's average (and its difference to the paper's base) for the corresponding row.
 """
@@ -28,6 +31,7 @@ from analysis.stats import (BootstrapSettings, Interval, macro_mean_ci, mean_ci,
                             paired_ratio_difference_ci, ratio_ci)
 
 PPL_TASK = "sharegpt_heldout_ppl"
+MDD_FACTOR = (1.959964 + 0.841621) / 1.959964  # (z_0.975 + z_0.80) / z_0.975: MDD at 80% power from a 95% half-width
 TABLES = ("table2", "table4a", "table4b", "tableB1", "tableB2")
 CAPTIONS = {
     "table2": "Table 2: accuracy of SwiftKV variants (skipped fraction, AcrossKV) against the base model",
@@ -106,19 +110,26 @@ def _diff(record: dict, name: str, row: Row, other: Row, tasks: list[dict], sett
     record[f"{name}_row"] = f"{other.variant} ({other.kv_cache} KV)"
 
 
-def _ppl(record: dict, row: Row, base: Row | None, settings: BootstrapSettings) -> None:
+def _bits_per_byte(record: dict, row: Row, base: Row | None, settings: BootstrapSettings) -> None:
     if PPL_TASK not in row.results.get("samples", {}):
         return
     s = rolling_scores(row.results, PPL_TASK)
-    _put(record, "ppl", ratio_ci(-s.loglikelihood, s.words, settings, transform=np.exp))
+    to_bits = np.log2(np.e)
+    _put(record, "bpb", ratio_ci(-s.loglikelihood * to_bits, s.bytes, settings))
     if base is not None and base is not row and PPL_TASK in base.results.get("samples", {}):
         b = rolling_scores(base.results, PPL_TASK)
         index = dict(zip(b.keys, range(len(b.keys))))
         order = [index[k] for k in s.keys]
-        ci = paired_ratio_difference_ci(-s.loglikelihood, s.words, -b.loglikelihood[order], b.words[order], settings,
-                                        transform=np.exp)
-        _put(record, "ppl_delta_base", ci)
-        record["ppl_delta_base_sig"] = ci.excludes(0)
+        ci = paired_ratio_difference_ci(-s.loglikelihood * to_bits, s.bytes, -b.loglikelihood[order] * to_bits,
+                                        b.bytes[order], settings)
+        _put(record, "bpb_delta_base", ci)
+        record["bpb_delta_base_sig"] = ci.excludes(0)
+    record["bpb_documents"] = len(s.keys)
+
+
+def minimum_detectable_difference(low: float, high: float) -> float:
+    """The difference a two-sided 5% test detects with 80% power, given a 95% interval [low, high] of it."""
+    return MDD_FACTOR * (high - low) / 2
 
 
 def teacher_forced(fidelity: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,10 +170,11 @@ def build_table(table: str, rows: list[Row], tasks_by_model: dict[str, list[dict
         _put(rec, "average", macro_mean_ci(per_task, settings), 100)
         if base is not None and base is not row:
             _diff(rec, "delta_base", row, base, tasks, settings)
+            rec["delta_base_mdd"] = minimum_detectable_difference(rec["delta_base_lo"], rec["delta_base_hi"])
         ref = reference_of(table, row, rows)
         if ref is not None:
             _diff(rec, "delta_ref", row, ref, tasks, settings)
-        _ppl(rec, row, base, settings)
+        _bits_per_byte(rec, row, base, settings)
         _fidelity(rec, row, settings)
         kv = row.results.get("swiftkv", {}).get("kv_memory")
         if kv:
@@ -197,7 +209,7 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
     def get(r, k):
         return r.get(k) if k in r and not (isinstance(r.get(k), float) and math.isnan(r.get(k))) else None
 
-    cols = ["row"] + tasks + ["average", "Δ vs base", "Δ vs ref", "ShareGPT ppl", "KL", "top-1 %", "greedy %",
+    cols = ["row"] + tasks + ["average", "Δ vs base", "Δ vs ref", "ShareGPT bits/byte", "KL", "top-1 %", "greedy %",
                               "KV saved %", "paper avg", "paper Δ"]
     lines = [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
@@ -210,7 +222,7 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
                           star=bool(get(r, "delta_base_sig"))))
         ref = _fmt(get(r, "delta_ref"), get(r, "delta_ref_lo"), get(r, "delta_ref_hi"), star=bool(get(r, "delta_ref_sig")))
         cells.append(f"{ref} (vs {r['delta_ref_row']})" if ref else "")
-        cells.append(_fmt(get(r, "ppl"), get(r, "ppl_lo"), get(r, "ppl_hi"), 2, star=bool(get(r, "ppl_delta_base_sig"))))
+        cells.append(_fmt(get(r, "bpb"), get(r, "bpb_lo"), get(r, "bpb_hi"), 3, star=bool(get(r, "bpb_delta_base_sig"))))
         cells.append(_fmt(get(r, "kl"), get(r, "kl_lo"), get(r, "kl_hi"), 4))
         cells.append(_fmt(get(r, "top1"), get(r, "top1_lo"), get(r, "top1_hi")))
         cells.append(_fmt(get(r, "greedy"), get(r, "greedy_lo"), get(r, "greedy_hi")))
@@ -223,6 +235,58 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
               "the base model (same examples) has a 95% interval that excludes 0 (Δ vs ref: against the row named). "
               "Paper columns: the paper's average for the corresponding row (its own tasks and models; see "
               "analysis/paper/) and its difference to the paper's base model."]
+    mdd = df["delta_base_mdd"].dropna() if "delta_base_mdd" in df else pd.Series(dtype=float)
+    if len(mdd):
+        n = sum(df.iloc[0].get(f"{t}_n", 0) for t in tasks)
+        lines += ["", f"Minimum detectable difference of Δ vs base (two-sided 5% test, 80% power; from each row's "
+                  f"interval, normal approximation) with {int(n)} examples per row: {mdd.min():.1f}–{mdd.max():.1f} "
+                  f"points (median {mdd.median():.1f}). A smaller true difference is likely to read as no difference."]
+    if "bpb_documents" in df and df["bpb_documents"].notna().any():
+        lines += ["", f"ShareGPT bits/byte: held-out ShareGPT conversations ({int(df['bpb_documents'].max())} "
+                  "documents), the rolling log-likelihood per UTF-8 byte in bits (lower is better; * = paired "
+                  "difference to the base model excludes 0)."]
     if task_notes:
         lines += ["", "Tasks: " + "; ".join(task_notes) + "."]
     return "\n".join(lines) + "\n"
+
+
+def summary_markdown(df: pd.DataFrame) -> str:
+    """The README's short form of an accuracy table (one row per table row: average, Δ vs base, KL to the teacher,
+    each with its 95% interval), generated from the table's CSV so that the README never carries typed numbers."""
+    def cell(r, key, digits=1):
+        v = r.get(key)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        return _fmt(v, r.get(f"{key}_lo"), r.get(f"{key}_hi"), digits)
+
+    lines = ["| row | average accuracy (%) | Δ vs base (paired) | KL to the teacher (nats/token) |", "|---|---|---|---|"]
+    for r in df.to_dict("records"):
+        kl = cell(r, "kl", 2) if r.get("variant") != "base" else ""
+        lines.append(f"| {r['model']}: {r['label']} | {cell(r, 'average')} | {cell(r, 'delta_base')} | {kl} |")
+    return "\n".join(lines) + "\n"
+
+
+def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: BootstrapSettings
+                   ) -> tuple[pd.DataFrame, str]:
+    """A table (DataFrame, markdown) from its committed raw folder (``reports/raw/<table>``, ``analysis.raw``).
+
+    ``rows``: one dict per table row (``model``, ``variant``, ``kv_cache``, ``spec``: its variants-sheet row), in
+    table order; their evaluations are read where ``results/eval/<model>/<variant>/<kv_cache>/`` was collected."""
+    from analysis.io import read_json
+    from analysis.raw import raw_path
+
+    def at(model: str, *parts: str) -> Path:
+        return raw_path(raw, Path("results", "eval", model, *parts))
+
+    table_rows = [Row(r["model"], r["variant"], r["kv_cache"], r["spec"],
+                      at(r["model"], r["variant"], r["kv_cache"], "lm_eval.json"),
+                      at(r["model"], r["variant"], r["kv_cache"], "fidelity.json")) for r in rows]
+    tasks = {m: read_json(at(m, "tasks.json"))["tasks"] for m in dict.fromkeys(r["model"] for r in rows)}
+    df = build_table(table, table_rows, tasks, settings)
+    labels = list(dict.fromkeys(task_label(t["name"]) for ts in tasks.values() for t in ts))
+    notes = [f"{model}: {task_label(t['name'])} ({t['metric'].split(',')[0]}, n={t.get('n', '?')}"
+             + (f", chance {100 * t['chance']:.1f}%" if "chance" in t else "")
+             + (f", {t['selected_by']}" if t.get("selected_by", "interval above chance") != "interval above chance"
+                else "")
+             + ")" for model, ts in tasks.items() for t in ts]
+    return df, to_markdown(df, labels, CAPTIONS[table], notes)

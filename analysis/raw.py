@@ -75,3 +75,14 @@ def verify(root: str | Path) -> list[str]:
     problems += [f"{p.relative_to(root)}: not in the manifest" for p in root.rglob("*")
                  if p.is_file() and not p.name.startswith(".") and str(p.relative_to(root)) not in listed]
     return problems
+
+
+def summary(reports: str | Path) -> dict[str, dict]:
+    """Per raw folder of a reports directory (``reports/raw/<study>``): the commit its files were collected at, the
+    profile's config hash and the file count, for ``provenance.json``."""
+    out = {}
+    for manifest in sorted(Path(reports).glob(f"raw/*/{MANIFEST}")):
+        m = json.loads(manifest.read_text())
+        out[manifest.parent.name] = {"collected at": m["collected_at"], "config hash": m["config_hash"],
+                                     "files": len(m["files"])}
+    return out

@@ -116,9 +116,16 @@ def test_tables_from_fixture_results(tmp_path):
     assert base["average"] == pytest.approx(100 * (base_a.mean() + base_b.mean()) / 2)
     assert student["delta_base"] == pytest.approx(100 * (worse_a.mean() - base_a.mean()) / 2)
     assert student["delta_base_sig"] and student["a_delta_base_sig"] and not student["b_delta_base_sig"]
-    assert base["ppl"] == pytest.approx(np.exp(3.0)) and student["ppl"] == pytest.approx(np.exp(3.3))
-    assert student["ppl_delta_base_sig"]
+    # bits per byte: -log-likelihood (nats) over bytes, in bits; 20 documents of 50 bytes each
+    assert base["bpb"] == pytest.approx(30 / 50 / np.log(2)) and student["bpb"] == pytest.approx(33 / 50 / np.log(2))
+    assert student["bpb_delta_base"] == pytest.approx(3 / 50 / np.log(2)) and student["bpb_delta_base_sig"]
+    assert student["bpb_documents"] == 20
+    # the minimum detectable difference (80% power) is 1.43x the 95% interval's half-width
+    half = (student["delta_base_hi"] - student["delta_base_lo"]) / 2
+    assert student["delta_base_mdd"] == pytest.approx(half * (1.959964 + 0.841621) / 1.959964)
+    assert "delta_base_mdd" not in base or np.isnan(base["delta_base_mdd"])
     assert student["kl"] == pytest.approx(0.1) and student["top1"] == pytest.approx(90.0)
     assert student["paper_average"] == pytest.approx(72.70)  # the paper's Llama-3.1-8B 50% row
     md = to_markdown(df, [task_label(t["name"]) for t in tasks["tiny"]], "Table 2")
     assert "| tiny: swiftkv-50 |" in md and " *" in md
+    assert f"with 600 examples per row: {student['delta_base_mdd']:.1f}–" in md and "ShareGPT bits/byte" in md

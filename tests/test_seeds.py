@@ -202,6 +202,10 @@ def test_raw_folder_records_and_checks_every_file(tmp_path, monkeypatch):
     manifest = collect([str(run / "lm_eval.json"), str(run / "fidelity.json")], dest, "abc", "c0ffee")
     assert raw_path(dest, run / "lm_eval.json").read_text() == "{}" and (dest / MANIFEST).is_file()
     assert manifest["collected_at"] == "c0ffee" and len(manifest["files"]) == 2 and verify(dest) == []
+    from analysis.raw import summary  # what provenance.json lists per raw folder of a reports directory
+
+    collect([str(run / "fidelity.json")], tmp_path / "reports" / "raw" / "study", "abc", "c0ffee")
+    assert summary(tmp_path / "reports") == {"study": {"collected at": "c0ffee", "config hash": "abc", "files": 1}}
     raw_path(dest, run / "fidelity.json").write_text('{"a": 2}')
     (dest / "extra.json").write_text("{}")
     raw_path(dest, run / "lm_eval.json").unlink()
@@ -249,6 +253,26 @@ def test_committed_seeds_csv_regenerates_from_its_raw_results_and_the_readme_quo
     readme = (ROOT / "README.md").read_text()
     labels = dict(zip(sheet[sheet.model == s["models"][0]].variant, sheet[sheet.model == s["models"][0]].label))
     assert seeds_markdown(pd.read_csv(ROOT / "reports" / "seeds.csv"), labels) in readme  # generated, not typed
+
+
+@pytest.mark.parametrize("table", ["table2", "table4a", "table4b", "tableB1", "tableB2"])
+def test_committed_accuracy_tables_regenerate_from_their_raw_results(table):
+    from analysis.accuracy import table_from_raw
+    from analysis.raw import verify
+
+    root = RAW / table
+    assert verify(root) == []
+    sheet = pd.read_csv(ROOT / "config" / "variants.tsv", sep="\t", dtype=str, keep_default_na=False)
+    rows = []
+    for spec in sheet[sheet.model.isin(PROFILE["eval"]["models"])].to_dict("records"):
+        spec["tables"] = [t for t in spec["tables"].split(",") if t]
+        if table in spec["tables"]:
+            rows += [{"model": spec["model"], "variant": spec["variant"], "kv_cache": kv, "spec": spec}
+                     for kv in (["native", "fp8"] if table == "tableB1" else ["native"])]
+    boot = PROFILE["eval"]["bootstrap"]
+    df, md = table_from_raw(table, root, rows, BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
+    assert df.to_csv(index=False, float_format="%.4f") == (ROOT / "reports" / f"{table}.csv").read_text()
+    assert md == (ROOT / "reports" / f"{table}.md").read_text()
 
 
 def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monkeypatch):

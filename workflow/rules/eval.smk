@@ -211,9 +211,24 @@ rule eval_swiftkv:
 # -- tables ---------------------------------------------------------------------------------------------------------
 
 
-rule make_table:
+# The small files behind a table (its rows' evaluations and the task list), committed as reports/raw/<table> with a
+# manifest (analysis/raw.py), so that the table and the claims it decides are re-derived from a clone.
+rule raw_table:
     input:
         unpack(table_inputs),
+    output:
+        directory("reports/raw/{table}"),
+    log:
+        "logs/raw_table/{table}.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
+rule make_table:
+    input:
+        raw="reports/raw/{table}",
     output:
         csv=report("reports/{table}.csv", caption="../report/accuracy_table.rst", category="Accuracy"),
         md=report("reports/{table}.md", caption="../report/accuracy_table.rst", category="Accuracy"),
