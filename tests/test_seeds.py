@@ -275,6 +275,12 @@ def test_committed_accuracy_tables_regenerate_from_their_raw_results(table):
     assert md == (ROOT / "reports" / f"{table}.md").read_text()
 
 
+def test_the_readme_quotes_the_committed_table2():
+    from analysis.accuracy import summary_markdown
+
+    assert summary_markdown(pd.read_csv(ROOT / "reports" / "table2.csv")) in (ROOT / "README.md").read_text()
+
+
 def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monkeypatch):
     from analysis.io import read_json
     from analysis.raw import COMPRESS_ABOVE, collect, raw_path, verify
