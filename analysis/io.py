@@ -15,14 +15,6 @@ import pandas as pd
 
 from swiftkv.io import atomic_path
 
-PAPER_DIR = Path(__file__).parent / "paper"
-
-
-def paper_table(name: str) -> pd.DataFrame:
-    """One of the paper's published tables kept as data under ``analysis/paper/`` (e.g. ``table1``)."""
-    return pd.read_csv(PAPER_DIR / f"{name}.csv")
-
-
 def read_simscore(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     """SimScore CSVs (one per model: model, metric, layer, num_layers, depth, simscore, ci_low, ci_high)."""
     return pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
@@ -68,11 +60,6 @@ def write_csv(df: pd.DataFrame, path: str | os.PathLike, **kwargs) -> None:
     """``df.to_csv`` through the package's one atomic writer (``swiftkv.io``)."""
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False, **kwargs)
-
-
-def write_text(text: str, path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int | None = 150, **kwargs) -> None:

@@ -23,14 +23,19 @@ def _read(path: str) -> pd.DataFrame:
     return df
 
 
-def paper_table(table: str, paper_dir: str | Path | None = None) -> pd.DataFrame | None:
-    path = Path(paper_dir or PAPER_DIR) / f"{table}.csv"
-    return _read(str(path)) if path.is_file() else None
+def paper_table(name: str, paper_dir: str | Path | None = None, *, text: bool = False) -> pd.DataFrame | None:
+    """One of the paper's published tables or figures kept as data (``analysis/paper/<name>.csv``; ``name`` may end
+    in ``.csv``), or None where it is absent. ``text``: every cell as the paper's text (empty for none), for quoting
+    and row matching; otherwise pandas' types."""
+    path = Path(paper_dir or PAPER_DIR) / (name if name.endswith(".csv") else f"{name}.csv")
+    if not path.is_file():
+        return None
+    return _read(str(path)) if text else pd.read_csv(path)
 
 
 def paper_row(table: str, model: str, variant: str, kv_cache: str = "native",
               paper_dir: str | Path | None = None) -> dict | None:
-    df = paper_table(table, paper_dir)
+    df = paper_table(table, paper_dir, text=True)
     if df is None:
         return None
     if model not in set(df["model"]):

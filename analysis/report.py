@@ -85,7 +85,7 @@ def _absent(claim: str, paper: str, evidence: str) -> Claim:
 
 def claim_table1(path) -> Claim:
     name = "Prefill FLOPs per token fall as (L-l)/L of the layer work (Table 1)"
-    ref = paper_table("table1")
+    ref = paper_table("table1", text=True)
     paper = (f"{ref['model'].iloc[0]}: " + " → ".join(ref["total"]) + " GFLOPs ("
              + ", ".join(ref["setting"]) + ")")
     t = _read(path)
@@ -102,7 +102,7 @@ def claim_table1(path) -> Claim:
 
 def claim_kv_memory(path) -> Claim:
     name = "AcrossKV shrinks the KV cache (Llama-3.1-8B at 50%: 2/4/8/16-way)"
-    ref = paper_table("kv_memory")
+    ref = paper_table("kv_memory", text=True)
     fp8_ref = ref[ref["kv_cache_reduction_fp8"] != ""]
     paper = (" / ".join(f"{100 * float(v):g}" for v in ref["kv_cache_reduction"]) + " % saved; with FP8 "
              + ", ".join(f"{100 * float(r['kv_cache_reduction_fp8']):g} % ({r['key_value_group_size']}-way)"

@@ -18,7 +18,6 @@ import pandas as pd  # noqa: E402
 
 from analysis.io import save_figure  # noqa: E402
 
-PAPER = Path(__file__).parent / "paper"
 ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 NOT_MEASURED = "not measured here"
@@ -62,10 +61,6 @@ def load_results(paths) -> pd.DataFrame:
     df["reason"] = df["reason"].fillna(df["run_reason"])
     df["source"] = df["engine_label"] + " · " + df["hardware"] + " · " + df["model"]
     return df
-
-
-def paper_table(name: str) -> pd.DataFrame:
-    return pd.read_csv(PAPER / name)
 
 
 def _status_text(row) -> str:

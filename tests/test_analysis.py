@@ -13,7 +13,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from analysis.figures import forward_time_figure, forward_time_title, simscore_figure, simscore_subtitle  # noqa: E402
-from analysis.io import paper_table, read_flops, read_prefill_time, read_simscore, save_figure  # noqa: E402
+from analysis.io import read_flops, read_prefill_time, read_simscore, save_figure  # noqa: E402
+from analysis.paper import paper_table  # noqa: E402
 from analysis.tables import crossing_layer, kv_memory, simscore_crossings, table1, to_markdown  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig, MistralConfig
 
-from analysis.io import paper_table
+from analysis.paper import paper_table
 from swiftkv.cli import main
 from swiftkv.errors import SwiftKVError
 from swiftkv.flops import (

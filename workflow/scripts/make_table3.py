@@ -2,7 +2,8 @@
 import logging
 
 from analysis.io import write_csv
-from analysis.serving import load_results, paper_table, table3
+from analysis.paper import paper_table
+from analysis.serving import load_results, table3
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
 table = table3(load_results(snakemake.input), paper_table("table3_memory.csv"))

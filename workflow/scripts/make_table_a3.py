@@ -2,7 +2,8 @@
 import logging
 
 from analysis.io import write_csv
-from analysis.serving import load_results, paper_table, table_a3
+from analysis.paper import paper_table
+from analysis.serving import load_results, table_a3
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
 table = table_a3(load_results(snakemake.input), paper_table("tableA3_sharegpt.csv"))

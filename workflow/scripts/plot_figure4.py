@@ -1,7 +1,8 @@
 """Rule plot_figure4: serving latency JSONs -> reports/figure4_latency.png (paper numbers beside)."""
 import logging
 
-from analysis.serving import figure4, load_results, paper_table
+from analysis.paper import paper_table
+from analysis.serving import figure4, load_results
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
 measured = load_results(snakemake.input)

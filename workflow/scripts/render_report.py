@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.io import read_prefill_time, write_text
+from analysis.io import read_prefill_time
 from analysis.report import Section, claims, fill_caption, render_html
 from analysis.serving import load_results
+from swiftkv.io import write_text
 from swiftkv.provenance import provenance
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
@@ -26,6 +27,6 @@ prov = provenance(params.profile, params.config_hash, extra=extra)
 note = ("CI profile: tiny samples and sizes that test the pipeline end to end; its numbers and verdicts say nothing "
         "about the paper." if params.ci else "")
 registry = pd.read_csv(inp.registry)
-write_text(render_html(params.title, items, sections, prov, note, registry=registry), snakemake.output[0])  # noqa: F821
+write_text(snakemake.output[0], render_html(params.title, items, sections, prov, note, registry=registry))  # noqa: F821
 for c in items:
     logging.info("%s: %s (%s)", c.verdict, c.claim, c.measured)
