@@ -3,7 +3,6 @@ per-example arrays, and write tables atomically."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass
@@ -81,15 +80,6 @@ def read_json(path: str | Path) -> dict:
             return json.load(f)
     with open(path) as f:
         return json.load(f)
-
-
-def read_variants(path: str | Path) -> list[dict]:
-    """Rows of ``config/variants.tsv`` as dicts (``tables`` split into a list)."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
-    for row in rows:
-        row["tables"] = [t for t in row.get("tables", "").split(",") if t]
-    return rows
 
 
 def split_metric(key: str) -> tuple[str, str]:

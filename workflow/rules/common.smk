@@ -29,8 +29,9 @@ def _distill_threads():
 DISTILL_THREADS = _distill_threads()
 
 
-wildcard_constraints:
+wildcard_constraints:  # the ids of config models and of variants-sheet rows (one definition for every rule)
     model="[a-z0-9][a-z0-9.-]*",
+    variant="[a-z0-9][a-z0-9.-]*",
 
 
 def model_spec(model):

@@ -1,11 +1,6 @@
 # Rules of the distill stage (see the Snakefile index).
 
-
 # Distillation (issue 4): one SwiftKV checkpoint per trainable row of config/variants.tsv.
-wildcard_constraints:
-    variant="[a-z0-9][a-z0-9.-]*",
-
-
 # One distillation run into {output} (also the seeds study's and the lr sweep's, workflow/rules/seeds.smk); params
 # budget carries the seed and lr of the run (common.smk: distill_budget_args).
 DISTILL_COMMAND = (

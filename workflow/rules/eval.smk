@@ -7,7 +7,6 @@ BIGBENCH_SDIST = "resources/bigbench/bigbench-1.0.0.tar.gz"
 
 
 wildcard_constraints:
-    variant="[a-z0-9][a-z0-9.-]*",
     kvcache="native|fp8",
     table="table2|table4a|table4b|tableB1|tableB2",
 

@@ -142,8 +142,6 @@ rule convert_swiftkv_untrained:
         directory("results/converted/{model}/{variant}"),
     log:
         "logs/convert_swiftkv_untrained/{model}/{variant}.log",
-    wildcard_constraints:
-        variant="[a-z0-9][a-z0-9.-]*",
     params:
         source=model_source,
         l=variant_l,
