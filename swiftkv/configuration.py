@@ -94,6 +94,21 @@ class SwiftKVConfigMixin:
     deprecated ``torch_dtype`` property and warn on every save and load.
     """
 
+    # The SwiftKV fields, declared once here and added to each config dataclass by __init_subclass__: the runtime
+    # switch (True = student), l, the AcrossKV group size g, and the KV heads of an MQA-style student's SwiftKV K/V
+    # in layers >= l (None: the model's own; not part of Snowflake's format, written only when set).
+    SWIFTKV_FIELDS = {"swiftkv": (bool, False), "num_key_value_layers": (int | None, None),
+                      "key_value_group_size": (int | None, None), "swiftkv_key_value_heads": (int | None, None)}
+
+    def __init_subclass__(cls, **kwargs):
+        annotations = cls.__dict__.get("__annotations__", {})
+        for name, (kind, default) in SwiftKVConfigMixin.SWIFTKV_FIELDS.items():
+            annotations.setdefault(name, kind)
+            if name not in cls.__dict__:
+                setattr(cls, name, default)
+        cls.__annotations__ = annotations
+        super().__init_subclass__(**kwargs)  # transformers makes the class a dataclass here, with these fields
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         init_swiftkv_config_fields(self)
@@ -101,6 +116,8 @@ class SwiftKVConfigMixin:
 
     def to_json_string(self, use_diff: bool = True) -> str:
         config = json.loads(super().to_json_string(use_diff=use_diff))
+        if config.get("swiftkv_key_value_heads") is None:  # Snowflake's format has no such key: only an MQA student
+            config.pop("swiftkv_key_value_heads", None)
         config.update(transformers4_config_keys(config))
         return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
@@ -108,28 +125,13 @@ class SwiftKVConfigMixin:
 class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
     model_type = "llama_swiftkv"
 
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
-
 
 class MistralSwiftKVConfig(SwiftKVConfigMixin, MistralConfig):
     model_type = "mistral_swiftkv"
 
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
-
 
 class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     model_type = "qwen2_swiftkv"
-
-    # SwiftKV: runtime switch (True = student), l, and the AcrossKV group size g
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int | None = None
 
 
 SWIFTKV_CONFIGS: tuple[type, ...] = (LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig)

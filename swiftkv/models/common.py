@@ -72,10 +72,10 @@ class SwiftKVAttentionMixin:
         self.q_proj_swiftkv = nn.Linear(config.hidden_size, self.q_proj.out_features, bias=bias)
         if (layer_idx - l) % g == 0:
             # SwiftKV: K/V of the whole AcrossKV group, computed from norm_swiftkv(h_l).
-            n_kv = getattr(config, "swiftkv_key_value_heads", None) or config.num_key_value_heads
+            n_kv = config.swiftkv_key_value_heads or config.num_key_value_heads
             self.k_proj_swiftkv = nn.Linear(config.hidden_size, n_kv * self.head_dim, bias=bias)
             self.v_proj_swiftkv = nn.Linear(config.hidden_size, n_kv * self.head_dim, bias=bias)
-        n_kv = getattr(config, "swiftkv_key_value_heads", None)
+        n_kv = config.swiftkv_key_value_heads
         if n_kv:  # MQA-style student (fewer KV heads in the later layers): the attention kernels read this
             self.swiftkv_num_key_value_groups = config.num_attention_heads // n_kv
 
