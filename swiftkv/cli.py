@@ -356,13 +356,26 @@ def cmd_distill(args) -> None:
     options.update({k: v for k, v in vars(args).items() if k in fields and k not in explicit and v is not None})
     settings = DistillSettings(**options)
     settings.validate()
-    from swiftkv.distill import run_from_cli
-    from swiftkv.loading import check_student_shape
+    from dataclasses import asdict
+
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.distill import train
+    from swiftkv.loading import check_student_shape, load_model
 
     check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
                         settings.key_value_heads)
-
-    summary = run_from_cli(args, settings)
+    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
+    train_convs = heldout_convs = source = None  # with a teacher cache the packed data come from it
+    if not args.teacher_cache:
+        conversations, source_report = load_conversations(settings.data)
+        train_convs, heldout_convs = split_conversations(conversations)
+        source = asdict(source_report)
+    summary = train(base, tokenizer, settings, args.output, train_conversations=train_convs,
+                    heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
+                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
+                    mixed_precision=args.mixed_precision, progress=not args.no_progress,
+                    extra_summary={"variant": args.variant, "source_report": source}, overwrite=args.overwrite,
+                    teacher_cache=args.teacher_cache, save_at=dict(args.save_at or []), log_only=args.log_only)
     init, final = summary["heldout_initial"], summary["heldout_final"]
     if init and final:
         print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "

@@ -753,36 +753,3 @@ def train(
         remove_own_files(ckpt_dir, [CHECKPOINT_FILE, LOG_FILE, MARKER])
     accelerator.wait_for_everyone()
     return summary
-
-
-def run_from_cli(args, settings: DistillSettings) -> dict:
-    """``swiftkv distill``: load the model and the data source's train / held-out conversations, then ``train``."""
-    from swiftkv.data import load_conversations, split_conversations
-    from swiftkv.loading import load_model
-
-    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
-    if args.teacher_cache:  # the packed data come from the cache: no conversations to read
-        train_convs, heldout_convs, source = None, None, None
-    else:
-        conversations, source_report = load_conversations(settings.data)
-        train_convs, heldout_convs = split_conversations(conversations)
-        source = asdict(source_report)
-    return train(
-        base,
-        tokenizer,
-        settings,
-        args.output,
-        train_conversations=train_convs,
-        heldout_conversations=heldout_convs,
-        model_name=args.model_id or args.model,
-        checkpoint_dir=args.checkpoint_dir,
-        resume=args.resume,
-        cpu=True if args.cpu else None,
-        mixed_precision=args.mixed_precision,
-        progress=not args.no_progress,
-        extra_summary={"variant": args.variant, "source_report": source},
-        overwrite=args.overwrite,
-        teacher_cache=args.teacher_cache,
-        save_at=dict(args.save_at or []),
-        log_only=args.log_only,
-    )
