@@ -589,9 +589,17 @@ def cmd_bench_serve(args) -> None:
 
 
 def cmd_bench_sharegpt_requests(args) -> None:
-    from swiftkv.serving.run import sharegpt_requests
+    from transformers import AutoTokenizer
 
-    selection = sharegpt_requests(args)
+    from swiftkv.io import write_json
+    from swiftkv.loading import resolve_model
+    from swiftkv.serving.workloads import select_sharegpt
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
+    selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
+                                args.max_output_len, args.split, args.seed)
+    selection["model"] = args.model
+    write_json(args.output, selection, overwrite=getattr(args, "overwrite", False))
     for f in selection["filters"]:
         print(f"min ratio {f['min_ratio']:>6}: {f['passing']:>6} pass, {f['num_requests']} chosen, "
               f"input/output {f['ratio_of_sums']:.2f} (ratio of sums)")

@@ -156,17 +156,3 @@ def _run_vllm(args, specs, filters) -> dict:
     rows = _study(engine, args, filters)
     return {**info, "status": "measured", "engine_version": f"vllm {engine.version}", "results": rows,
             "platform": platform.platform()}
-
-
-def sharegpt_requests(args) -> dict:
-    from transformers import AutoTokenizer
-
-    from swiftkv.loading import resolve_model
-    from swiftkv.serving.workloads import select_sharegpt
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
-    selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
-                                args.max_output_len, args.split, args.seed)
-    selection["model"] = args.model
-    write_json(args.output, selection, overwrite=getattr(args, "overwrite", False))
-    return selection
