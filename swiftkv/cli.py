@@ -568,9 +568,9 @@ def cmd_eval(args) -> None:
 
 
 def cmd_bench_serve(args) -> None:
-    from swiftkv.serving.run import bench_serve
+    from swiftkv.serving.run import ServeRequest, bench_serve
 
-    result = bench_serve(args)
+    result = bench_serve(ServeRequest.from_options(args))
     for row in result["results"]:
         keys = [k for k in ("input_len", "request_rate", "kv_limit_bytes", "min_ratio") if k in row]
         where = " ".join(f"{k}={row[k]}" for k in keys)

@@ -1,10 +1,12 @@
-"""``swiftkv bench serve`` and ``swiftkv bench sharegpt-requests``: from arguments to a result JSON."""
+"""``swiftkv bench serve``: one study on one engine, from a typed request (``ServeRequest``) to a result JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
@@ -14,6 +16,46 @@ from swiftkv.serving.variants import parse_variants
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
+
+
+@dataclass
+class ServeRequest:
+    """One serving study on one engine (``swiftkv bench serve``'s options, typed; defaults as the command's)."""
+
+    model: str
+    engine: str  # hf | vllm
+    study: str  # throughput | latency | kv-limit | sharegpt
+    output: str  # the result JSON
+    variant: list[str] | None = None  # variant specs (swiftkv.serving.variants.parse_variants)
+    input_lens: list[int] = field(default_factory=lambda: [1024])
+    output_len: int = 64
+    num_requests: int = 4
+    request_rates: list[float] | None = None
+    kv_limits_mib: list[float] | None = None
+    requests: str | None = None  # sharegpt: the selection JSON
+    min_ratios: list[float] | None = None
+    batch_size: int = 4
+    max_batch: int = 64
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "cpu"
+    threads: int | None = None
+    resources: str | None = None
+    no_memory: bool = False
+    vllm_command: str = "bin/vllm-env vllm"
+    vllm_args: str = ""
+    kv_cache_mib: float | None = 1024
+    max_model_len: int | None = None
+    workdir: str | None = None
+    on_unavailable: str = "error"  # error | mark (write the reason, not measured)
+    overwrite: bool = False
+
+    @classmethod
+    def from_options(cls, options) -> "ServeRequest":
+        """From any object with these attributes (the command's parsed options); absent ones keep the defaults."""
+        return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls) if hasattr(options, f.name)})
 
 
 def hardware_label(hw: dict, device: str) -> str:
@@ -38,62 +80,62 @@ def machine(device: str) -> dict:
     return hw
 
 
-def _workload(args) -> dict:
-    if args.study == "throughput":
-        return {"input_lens": args.input_lens, "output_len": args.output_len, "num_requests": args.num_requests}
-    if args.study == "latency":
-        return {"input_len": args.input_lens[0], "output_len": args.output_len, "num_requests": args.num_requests,
-                "request_rates": args.request_rates}
-    if args.study == "kv-limit":
-        return {"input_len": args.input_lens[0], "output_len": args.output_len, "num_requests": args.num_requests,
-                "kv_limits_mib": args.kv_limits_mib}
-    return {"requests": args.requests}
+def _workload(request: ServeRequest) -> dict:
+    if request.study == "throughput":
+        return {"input_lens": request.input_lens, "output_len": request.output_len, "num_requests": request.num_requests}
+    if request.study == "latency":
+        return {"input_len": request.input_lens[0], "output_len": request.output_len, "num_requests": request.num_requests,
+                "request_rates": request.request_rates}
+    if request.study == "kv-limit":
+        return {"input_len": request.input_lens[0], "output_len": request.output_len, "num_requests": request.num_requests,
+                "kv_limits_mib": request.kv_limits_mib}
+    return {"requests": request.requests}
 
 
-def _check_args(args) -> None:
-    if args.study == "latency" and not args.request_rates:
+def _check_request(request: ServeRequest) -> None:
+    if request.study == "latency" and not request.request_rates:
         raise SwiftKVError("the latency study needs --request-rates")
-    if args.study == "kv-limit" and not args.kv_limits_mib:
+    if request.study == "kv-limit" and not request.kv_limits_mib:
         raise SwiftKVError("the kv-limit study needs --kv-limits-mib")
-    if args.study == "sharegpt" and not args.requests:
+    if request.study == "sharegpt" and not request.requests:
         raise SwiftKVError("the sharegpt study needs --requests FILE (made by: swiftkv bench sharegpt-requests)")
-    if args.study in ("latency", "kv-limit") and len(args.input_lens) != 1:
-        raise SwiftKVError(f"the {args.study} study takes one --input-lens value")
+    if request.study in ("latency", "kv-limit") and len(request.input_lens) != 1:
+        raise SwiftKVError(f"the {request.study} study takes one --input-lens value")
 
 
-def _study(engine, args, filters):
-    w = _workload(args)
-    if args.study == "throughput":
+def _study(engine, request: ServeRequest, filters):
+    w = _workload(request)
+    if request.study == "throughput":
         return engine.throughput(w["input_lens"], w["output_len"], w["num_requests"])
-    if args.study == "latency":
+    if request.study == "latency":
         return engine.latency(w["input_len"], w["output_len"], w["num_requests"], w["request_rates"])
-    if args.study == "kv-limit":
+    if request.study == "kv-limit":
         return engine.kv_limit(w["input_len"], w["output_len"], w["num_requests"],
                                [int(m * MIB) for m in w["kv_limits_mib"]])
     return engine.sharegpt(filters)
 
 
-def bench_serve(args) -> dict:
+def bench_serve(request: ServeRequest) -> dict:
     """Run one study on one engine and write the result JSON (also when the engine cannot run here)."""
     from swiftkv.serving.workloads import load_selection
 
-    _check_args(args)
-    specs = parse_variants(args.variant)
+    _check_request(request)
+    specs = parse_variants(request.variant)
     filters = None
-    if args.study == "sharegpt":
-        selection = load_selection(args.requests)
-        filters = [f for f in selection["filters"] if not args.min_ratios or f["min_ratio"] in args.min_ratios]
-    result = {"benchmark": "serve", "engine": args.engine, "study": args.study, "model": args.model,
-              "device": args.device, "variants": [s.to_dict() for s in specs], "workload": _workload(args)}
-    if args.engine == "hf":
-        result.update(_run_hf(args, specs, filters))
+    if request.study == "sharegpt":
+        selection = load_selection(request.requests)
+        filters = [f for f in selection["filters"] if not request.min_ratios or f["min_ratio"] in request.min_ratios]
+    result = {"benchmark": "serve", "engine": request.engine, "study": request.study, "model": request.model,
+              "device": request.device, "variants": [s.to_dict() for s in specs], "workload": _workload(request)}
+    if request.engine == "hf":
+        result.update(_run_hf(request, specs, filters))
     else:
-        result.update(_run_vllm(args, specs, filters))
-    write_json(args.output, result, overwrite=getattr(args, "overwrite", False))
+        result.update(_run_vllm(request, specs, filters))
+    write_json(request.output, result, overwrite=request.overwrite)
     return result
 
 
-def _run_hf(args, specs, filters) -> dict:
+def _run_hf(request: ServeRequest, specs, filters) -> dict:
     import torch
     import transformers
 
@@ -101,28 +143,28 @@ def _run_hf(args, specs, filters) -> dict:
     from swiftkv.serving.models import load_bench_model
     from swiftkv.device import resolve_dtype
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        why = f"transformers on {args.device} needs a CUDA GPU and this machine has none"
-        if args.on_unavailable == "error":
+    if request.device.startswith("cuda") and not torch.cuda.is_available():
+        why = f"transformers on {request.device} needs a CUDA GPU and this machine has none"
+        if request.on_unavailable == "error":
             raise SwiftKVError(why + "; use --device cpu")
         print(f"not measured here: {why}", file=sys.stderr)
-        return {"status": "not_measured", "reason": why, "hardware": machine(args.device),
+        return {"status": "not_measured", "reason": why, "hardware": machine(request.device),
                 "results": [{"variant": s.id, "label": s.label or s.id, "status": "not_measured", "reason": why}
                             for s in specs]}
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = resolve_dtype(args.dtype, args.device)
-    model, tokenizer = load_bench_model(args.model, dtype, args.device, args.resources, seed=args.seed)
-    settings = HFSettings(batch_size=args.batch_size, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-                          max_batch=args.max_batch, memory=not args.no_memory)
+    if request.threads:
+        torch.set_num_threads(request.threads)
+    dtype = resolve_dtype(request.dtype, request.device)
+    model, tokenizer = load_bench_model(request.model, dtype, request.device, request.resources, seed=request.seed)
+    settings = HFSettings(batch_size=request.batch_size, warmup=request.warmup, repeats=request.repeats, seed=request.seed,
+                          max_batch=request.max_batch, memory=not request.no_memory)
     engine = HFEngine(model, specs, settings, tokenizer)
-    rows = _study(engine, args, filters)
+    rows = _study(engine, request, filters)
     return {"status": "measured", "engine_version": f"transformers {transformers.__version__}",
-            "dtype": str(dtype).replace("torch.", ""), "hardware": machine(args.device),
+            "dtype": str(dtype).replace("torch.", ""), "hardware": machine(request.device),
             "settings": settings_dict(settings), "num_hidden_layers": model.config.num_hidden_layers, "results": rows}
 
 
-def _run_vllm(args, specs, filters) -> dict:
+def _run_vllm(request: ServeRequest, specs, filters) -> dict:
     import shlex
 
     from swiftkv.device import fast_dtype
@@ -130,29 +172,29 @@ def _run_vllm(args, specs, filters) -> dict:
     from swiftkv.serving.models import is_config_file
     from swiftkv.serving.vllm import Unavailable, VllmEngine, VllmSettings, settings_dict
 
-    if is_config_file(args.model):
+    if is_config_file(request.model):
         raise SwiftKVError("vLLM needs a model directory or hub id, not a config JSON (random weights are hf-only)")
-    dtype = args.dtype if args.dtype != "auto" else str(fast_dtype(args.device)).replace("torch.", "")
-    model = resolve_model(args.model, args.resources)  # a bad model fails before anything is written
-    workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), getattr(args, "overwrite", False),
+    dtype = request.dtype if request.dtype != "auto" else str(fast_dtype(request.device)).replace("torch.", "")
+    model = resolve_model(request.model, request.resources)  # a bad model fails before anything is written
+    workdir = open_output_dir(request.workdir or Path(request.output).with_suffix(""), request.overwrite,
                               "vLLM raw outputs and logs").resolve()
     settings = VllmSettings(
-        command=shlex.split(args.vllm_command), device=args.device, dtype=dtype,
-        kv_cache_bytes=int(args.kv_cache_mib * MIB) if args.kv_cache_mib else None, max_model_len=args.max_model_len,
-        threads=args.threads, warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-        engine_args=shlex.split(args.vllm_args or ""), workdir=str(workdir),
+        command=shlex.split(request.vllm_command), device=request.device, dtype=dtype,
+        kv_cache_bytes=int(request.kv_cache_mib * MIB) if request.kv_cache_mib else None, max_model_len=request.max_model_len,
+        threads=request.threads, warmup=request.warmup, repeats=request.repeats, seed=request.seed,
+        engine_args=shlex.split(request.vllm_args or ""), workdir=str(workdir),
     )
     engine = VllmEngine(model, specs, settings)
-    info = {"dtype": dtype, "hardware": machine(args.device), "settings": settings_dict(settings),
+    info = {"dtype": dtype, "hardware": machine(request.device), "settings": settings_dict(settings),
             "model_path": model}
     try:
         engine.check_available()
     except Unavailable as why:
-        if args.on_unavailable == "error":
+        if request.on_unavailable == "error":
             raise SwiftKVError(str(why)) from None
         print(f"not measured here: {why}", file=sys.stderr)
         rows = [{"variant": s.id, "label": s.label or s.id, "status": "not_measured", "reason": str(why)} for s in specs]
         return {**info, "status": "not_measured", "reason": str(why), "results": rows}
-    rows = _study(engine, args, filters)
+    rows = _study(engine, request, filters)
     return {**info, "status": "measured", "engine_version": f"vllm {engine.version}", "results": rows,
             "platform": platform.platform()}
