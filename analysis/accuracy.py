@@ -238,9 +238,11 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
     mdd = df["delta_base_mdd"].dropna() if "delta_base_mdd" in df else pd.Series(dtype=float)
     if len(mdd):
         n = sum(df.iloc[0].get(f"{t}_n", 0) for t in tasks)
+        spread = (f"{mdd.min():.1f} points" if f"{mdd.min():.1f}" == f"{mdd.max():.1f}"
+                  else f"{mdd.min():.1f}–{mdd.max():.1f} points (median {mdd.median():.1f})")
         lines += ["", f"Minimum detectable difference of Δ vs base (two-sided 5% test, 80% power; from each row's "
-                  f"interval, normal approximation) with {int(n)} examples per row: {mdd.min():.1f}–{mdd.max():.1f} "
-                  f"points (median {mdd.median():.1f}). A smaller true difference is likely to read as no difference."]
+                  f"interval, normal approximation) with {int(n)} examples per row: {spread}. A smaller true "
+                  "difference is likely to read as no difference."]
     if "bpb_documents" in df and df["bpb_documents"].notna().any():
         lines += ["", f"ShareGPT bits/byte: held-out ShareGPT conversations ({int(df['bpb_documents'].max())} "
                   "documents), the rolling log-likelihood per UTF-8 byte in bits (lower is better; * = paired "

@@ -128,4 +128,4 @@ def test_tables_from_fixture_results(tmp_path):
     assert student["paper_average"] == pytest.approx(72.70)  # the paper's Llama-3.1-8B 50% row
     md = to_markdown(df, [task_label(t["name"]) for t in tasks["tiny"]], "Table 2")
     assert "| tiny: swiftkv-50 |" in md and " *" in md
-    assert f"with 600 examples per row: {student['delta_base_mdd']:.1f}–" in md and "ShareGPT bits/byte" in md
+    assert f"with 600 examples per row: {student['delta_base_mdd']:.1f} points." in md and "ShareGPT bits/byte" in md
