@@ -203,12 +203,21 @@ def _fmt(value, lo=None, hi=None, digits: int = 1, star: bool = False) -> str:
     return text + (" *" if star else "")
 
 
+def _value(r: dict, key: str):
+    """A table record's value, None where it is absent or NaN."""
+    v = r.get(key)
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _cell(r: dict, key: str, digits: int = 1, star: str | None = None) -> str:
+    """A value with its interval (``<key>_lo``, ``<key>_hi``), starred where the record's ``star`` flag is set."""
+    return _fmt(_value(r, key), _value(r, f"{key}_lo"), _value(r, f"{key}_hi"), digits,
+                star=bool(star and _value(r, star)))
+
+
 def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: list[str] | None = None) -> str:
     """Scores with 95% intervals; * marks a difference against the base model (per task: paired on the same
     examples) whose interval excludes 0."""
-    def get(r, k):
-        return r.get(k) if k in r and not (isinstance(r.get(k), float) and math.isnan(r.get(k))) else None
-
     cols = ["row"] + tasks + ["average", "Δ vs base", "Δ vs ref", "ShareGPT bits/byte", "KL", "top-1 %", "greedy %",
                               "KV saved %", "paper avg", "paper Δ"]
     lines = [f"**{caption}**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -216,20 +225,19 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
         r = r.to_dict()
         cells = [f"{r['model']}: {r['label']}"]
         for t in tasks:
-            cells.append(_fmt(get(r, t), get(r, f"{t}_lo"), get(r, f"{t}_hi"), star=bool(get(r, f"{t}_delta_base_sig"))))
-        cells.append(_fmt(get(r, "average"), get(r, "average_lo"), get(r, "average_hi")))
-        cells.append(_fmt(get(r, "delta_base"), get(r, "delta_base_lo"), get(r, "delta_base_hi"),
-                          star=bool(get(r, "delta_base_sig"))))
-        ref = _fmt(get(r, "delta_ref"), get(r, "delta_ref_lo"), get(r, "delta_ref_hi"), star=bool(get(r, "delta_ref_sig")))
+            cells.append(_cell(r, t, star=f"{t}_delta_base_sig"))
+        cells.append(_cell(r, "average"))
+        cells.append(_cell(r, "delta_base", star="delta_base_sig"))
+        ref = _cell(r, "delta_ref", star="delta_ref_sig")
         cells.append(f"{ref} (vs {r['delta_ref_row']})" if ref else "")
-        cells.append(_fmt(get(r, "bpb"), get(r, "bpb_lo"), get(r, "bpb_hi"), 3, star=bool(get(r, "bpb_delta_base_sig"))))
-        cells.append(_fmt(get(r, "kl"), get(r, "kl_lo"), get(r, "kl_hi"), 4))
-        cells.append(_fmt(get(r, "top1"), get(r, "top1_lo"), get(r, "top1_hi")))
-        cells.append(_fmt(get(r, "greedy"), get(r, "greedy_lo"), get(r, "greedy_hi")))
-        cells.append(_fmt(get(r, "kv_reduction")))
-        cells.append(_fmt(get(r, "paper_average"), digits=2))
-        pd_ = get(r, "paper_delta_base")
-        cells.append(_fmt(pd_, digits=2) + (f" ({r['paper_row']})" if get(r, "paper_row") else ""))
+        cells.append(_cell(r, "bpb", 3, star="bpb_delta_base_sig"))
+        cells.append(_cell(r, "kl", 4))
+        cells.append(_cell(r, "top1"))
+        cells.append(_cell(r, "greedy"))
+        cells.append(_fmt(_value(r, "kv_reduction")))
+        cells.append(_fmt(_value(r, "paper_average"), digits=2))
+        pd_ = _value(r, "paper_delta_base")
+        cells.append(_fmt(pd_, digits=2) + (f" ({r['paper_row']})" if _value(r, "paper_row") else ""))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Scores in percent with 95% bootstrap intervals over examples; * = the paired difference against "
               "the base model (same examples) has a 95% interval that excludes 0 (Δ vs ref: against the row named). "
@@ -255,17 +263,19 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
 def summary_markdown(df: pd.DataFrame) -> str:
     """The README's short form of an accuracy table (one row per table row: average, Δ vs base, KL to the teacher,
     each with its 95% interval), generated from the table's CSV so that the README never carries typed numbers."""
-    def cell(r, key, digits=1):
-        v = r.get(key)
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        return _fmt(v, r.get(f"{key}_lo"), r.get(f"{key}_hi"), digits)
-
-    lines = ["| row | average accuracy (%) | Δ vs base (paired) | KL to the teacher (nats/token) |", "|---|---|---|---|"]
+    lines = ["| row | average accuracy (%) | Δ vs base (paired) | KL to the teacher (nats/token) |",
+             "|---|---|---|---|"]
     for r in df.to_dict("records"):
-        kl = cell(r, "kl", 2) if r.get("variant") != "base" else ""
-        lines.append(f"| {r['model']}: {r['label']} | {cell(r, 'average')} | {cell(r, 'delta_base')} | {kl} |")
+        kl = _cell(r, "kl", 2) if r.get("variant") != "base" else ""
+        lines.append(f"| {r['model']}: {r['label']} | {_cell(r, 'average')} | {_cell(r, 'delta_base')} | {kl} |")
     return "\n".join(lines) + "\n"
+
+
+def eval_path(model: str, *parts: str) -> str:
+    """Where an evaluation result lives under ``results/`` (``<variant>/<kv cache>/lm_eval.json`` or
+    ``fidelity.json``, or a model's ``tasks.json``): one spelling for the rules that write the tables' inputs and
+    for the analysis that reads them back from a raw folder."""
+    return "/".join(("results", "eval", model, *parts))
 
 
 def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: BootstrapSettings
@@ -278,7 +288,7 @@ def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: Boot
     from analysis.raw import raw_path
 
     def at(model: str, *parts: str) -> Path:
-        return raw_path(raw, Path("results", "eval", model, *parts))
+        return raw_path(raw, eval_path(model, *parts))
 
     table_rows = [Row(r["model"], r["variant"], r["kv_cache"], r["spec"],
                       at(r["model"], r["variant"], r["kv_cache"], "lm_eval.json"),

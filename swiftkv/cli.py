@@ -599,7 +599,7 @@ def cmd_bench_sharegpt_requests(args) -> None:
     selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
                                 args.max_output_len, args.split, args.seed)
     selection["model"] = args.model
-    write_json(args.output, selection, overwrite=getattr(args, "overwrite", False))
+    write_json(args.output, selection)  # refuses to replace a file it did not write
     for f in selection["filters"]:
         print(f"min ratio {f['min_ratio']:>6}: {f['passing']:>6} pass, {f['num_requests']} chosen, "
               f"input/output {f['ratio_of_sums']:.2f} (ratio of sums)")

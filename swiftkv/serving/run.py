@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import platform
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
@@ -55,7 +54,7 @@ class ServeRequest:
     @classmethod
     def from_options(cls, options) -> "ServeRequest":
         """From any object with these attributes (the command's parsed options); absent ones keep the defaults."""
-        return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls) if hasattr(options, f.name)})
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)})
 
 
 def hardware_label(hw: dict, device: str) -> str:

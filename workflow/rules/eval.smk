@@ -61,11 +61,13 @@ def table_rows(wildcards):
 
 
 def table_inputs(wildcards):
+    from analysis.accuracy import eval_path  # the same paths make_table reads back from reports/raw/<table>
+
     rows = table_rows(wildcards)
     return {
-        "lm_eval": [f"results/eval/{r['model']}/{r['variant']}/{r['kv_cache']}/lm_eval.json" for r in rows],
-        "fidelity": [f"results/eval/{r['model']}/{r['variant']}/{r['kv_cache']}/fidelity.json" for r in rows],
-        "tasks": sorted({f"results/eval/{r['model']}/tasks.json" for r in rows}),
+        "lm_eval": [eval_path(r["model"], r["variant"], r["kv_cache"], "lm_eval.json") for r in rows],
+        "fidelity": [eval_path(r["model"], r["variant"], r["kv_cache"], "fidelity.json") for r in rows],
+        "tasks": sorted({eval_path(r["model"], "tasks.json") for r in rows}),
     }
 
 
