@@ -11,7 +11,8 @@ examples, see ``analysis.stats``):
   interval's half-width read as 1.96 standard errors (normal approximation): what this many examples can resolve;
 - ``bpb``: held-out ShareGPT bits per byte (the rolling log-likelihood of each document over its UTF-8 bytes, in
   bits; tokenizer-independent), ``bpb_delta_base`` its paired difference to the base model; ``kl``, ``top1``,
-  ``greedy``: fidelity to the teacher (``swiftkv.fidelity``);
+  ``greedy``: fidelity to the teacher (``swiftkv.fidelity``; ``fidelity_sequences``, ``fidelity_positions`` and
+  ``greedy_prompts`` give its sizes);
 - ``kv_reduction``: KV-cache memory saved against the base model with a bf16 cache (percent);
 - ``paper_*``: the paper's average (and its difference to the paper's base) for the corresponding row.
 """
@@ -52,8 +53,10 @@ class Row:
     spec: dict
     lm_eval: str | Path
     fidelity: str | Path | None = None
+    heldout: str | Path | None = None  # the bits-per-byte task's lm-eval result (heldout.json); None: in lm_eval
     results: dict = field(default_factory=dict, repr=False)
     fid: dict | None = field(default=None, repr=False)
+    ppl: dict = field(default_factory=dict, repr=False)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -62,6 +65,7 @@ class Row:
     def load(self) -> "Row":
         self.results = read_json(self.lm_eval)
         self.fid = read_json(self.fidelity) if self.fidelity else None
+        self.ppl = read_json(self.heldout) if self.heldout else self.results
         return self
 
 
@@ -111,13 +115,13 @@ def _diff(record: dict, name: str, row: Row, other: Row, tasks: list[dict], sett
 
 
 def _bits_per_byte(record: dict, row: Row, base: Row | None, settings: BootstrapSettings) -> None:
-    if PPL_TASK not in row.results.get("samples", {}):
+    if PPL_TASK not in row.ppl.get("samples", {}):
         return
-    s = rolling_scores(row.results, PPL_TASK)
+    s = rolling_scores(row.ppl, PPL_TASK)
     to_bits = np.log2(np.e)
     _put(record, "bpb", ratio_ci(-s.loglikelihood * to_bits, s.bytes, settings))
-    if base is not None and base is not row and PPL_TASK in base.results.get("samples", {}):
-        b = rolling_scores(base.results, PPL_TASK)
+    if base is not None and base is not row and PPL_TASK in base.ppl.get("samples", {}):
+        b = rolling_scores(base.ppl, PPL_TASK)
         index = dict(zip(b.keys, range(len(b.keys))))
         order = [index[k] for k in s.keys]
         ci = paired_ratio_difference_ci(-s.loglikelihood * to_bits, s.bytes, -b.loglikelihood[order] * to_bits,
@@ -146,6 +150,9 @@ def _fidelity(record: dict, row: Row, settings: BootstrapSettings) -> None:
     _put(record, "kl", ratio_ci(kl, tokens, settings))
     _put(record, "top1", ratio_ci(top1, tokens, settings), 100)
     _put(record, "greedy", mean_ci(np.array([g["agreement"] for g in row.fid["greedy_rows"]]), settings), 100)
+    record["fidelity_sequences"] = len(tokens)
+    record["fidelity_positions"] = int(tokens.sum())
+    record["greedy_prompts"] = len(row.fid["greedy_rows"])
 
 
 def build_table(table: str, rows: list[Row], tasks_by_model: dict[str, list[dict]],
@@ -255,6 +262,11 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
         lines += ["", f"ShareGPT bits/byte: held-out ShareGPT conversations ({int(df['bpb_documents'].max())} "
                   "documents), the rolling log-likelihood per UTF-8 byte in bits (lower is better; * = paired "
                   "difference to the base model excludes 0)."]
+    if "fidelity_sequences" in df and df["fidelity_sequences"].notna().any():
+        lines += ["", f"Fidelity to the base model (the teacher): KL (nats per token) and top-1 agreement on "
+                  f"{int(df['fidelity_sequences'].max())} held-out ShareGPT sequences "
+                  f"({int(df['fidelity_positions'].max()):,} positions), teacher-forced; greedy: agreement of "
+                  f"greedy continuations on {int(df['greedy_prompts'].max())} held-out prompts."]
     if task_notes:
         lines += ["", "Tasks: " + "; ".join(task_notes) + "."]
     return "\n".join(lines) + "\n"
@@ -272,8 +284,8 @@ def summary_markdown(df: pd.DataFrame) -> str:
 
 
 def eval_path(model: str, *parts: str) -> str:
-    """Where an evaluation result lives under ``results/`` (``<variant>/<kv cache>/lm_eval.json`` or
-    ``fidelity.json``, or a model's ``tasks.json``): one spelling for the rules that write the tables' inputs and
+    """Where an evaluation result lives under ``results/`` (``<variant>/<kv cache>/lm_eval.json``, ``heldout.json``
+    or ``fidelity.json``, or a model's ``tasks.json``): one spelling for the rules that write the tables' inputs and
     for the analysis that reads them back from a raw folder."""
     return "/".join(("results", "eval", model, *parts))
 
@@ -292,7 +304,8 @@ def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: Boot
 
     table_rows = [Row(r["model"], r["variant"], r["kv_cache"], r["spec"],
                       at(r["model"], r["variant"], r["kv_cache"], "lm_eval.json"),
-                      at(r["model"], r["variant"], r["kv_cache"], "fidelity.json")) for r in rows]
+                      at(r["model"], r["variant"], r["kv_cache"], "fidelity.json"),
+                      at(r["model"], r["variant"], r["kv_cache"], "heldout.json")) for r in rows]
     tasks = {m: read_json(at(m, "tasks.json"))["tasks"] for m in dict.fromkeys(r["model"] for r in rows)}
     df = build_table(table, table_rows, tasks, settings)
     labels = list(dict.fromkeys(task_label(t["name"]) for ts in tasks.values() for t in ts))

@@ -39,7 +39,7 @@ NOT_A_KL_CLAIM = "n/a (margin claim)"
 def study_paths(study: dict) -> dict:
     """The ``results/`` paths the study's table reads (rule raw_budget_scaling's inputs and the raw folder's
     layout): per run its run directory (the largest budget's student: its distill.json holds every budget's read)
-    and its evaluation directories (lm_eval.json, fidelity.json) at the ``accuracy_at`` points."""
+    and its evaluation directories (lm_eval.json) at the ``accuracy_at`` points."""
     model = study["model"]
     root = f"results/budget_scaling/{model}"
     names = [r["name"] for r in study["runs"]]

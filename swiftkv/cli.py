@@ -66,6 +66,14 @@ def _save_at(text: str) -> tuple[int, str]:
     return positive_int(budget), path
 
 
+def _json_file_name(text: str) -> str:
+    """argparse type of eval --lm-eval-name: a bare file name ending in .json (no folder)."""
+    if not text.endswith(".json") or "/" in text or text in (".json", "fidelity.json"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name ending in .json (no folder, not "
+                                         "fidelity.json), e.g. heldout.json")
+    return text
+
+
 def non_empty(text: str) -> str:
     """argparse type: a string with something in it."""
     if not text.strip():
@@ -529,8 +537,9 @@ def cmd_eval(args) -> None:
         include.append(manifest["splits"][args.bigbench_split])
     for task in args.task or []:
         tasks.append(TaskSpec(name=task))
-    if not tasks:
-        raise SwiftKVError("no tasks given; pass --tasks-json, --bigbench-manifest or --task")
+    if not tasks and args.no_fidelity:
+        raise SwiftKVError("nothing to evaluate: no tasks given and --no-fidelity; pass --tasks-json, "
+                           "--bigbench-manifest or --task, or drop --no-fidelity")
     if args.limit:
         for t in tasks:
             t.limit = t.limit or args.limit
@@ -554,13 +563,15 @@ def cmd_eval(args) -> None:
         heldout = read_conversations(args.heldout)
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
                                  batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
-    result["swiftkv"].update(model=args.model, base=args.base, device=args.device, threads=torch.get_num_threads())
     out = open_output_dir(args.output_dir, args.overwrite, "lm-eval results")
     if fid is not None:
         fid.update(model=args.model, base=args.base)
         write_json(out / "fidelity.json", fid)
         print(f"fidelity: KL {fid['kl']:.4f}  top-1 {fid['top1']:.3f}  greedy {fid['greedy']:.3f}  ({fid['seconds']:.0f} s)")
-    write_json(out / "lm_eval.json", json.loads(json.dumps(result, default=str)))
+    if result is None:
+        return
+    result["swiftkv"].update(model=args.model, base=args.base, device=args.device, threads=torch.get_num_threads())
+    write_json(out / args.lm_eval_name, json.loads(json.dumps(result, default=str)))
     for name, scores in result["results"].items():
         shown = {k: round(v, 4) for k, v in scores.items() if isinstance(v, float) and "stderr" not in k}
         print(f"{name:45s} {shown}")
@@ -955,7 +966,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--output-dir", required=True, help="writes lm_eval.json (and fidelity.json)")
+    p.add_argument("--output-dir", required=True, help="writes lm_eval.json (with tasks) and fidelity.json (with "
+                   "--base or a base model, unless --no-fidelity); with fidelity on, the tasks may be left out")
+    p.add_argument("--lm-eval-name", default="lm_eval.json", type=_json_file_name,
+                   help="file name of the lm-eval result in --output-dir (default lm_eval.json)")
     p.set_defaults(func=cmd_eval)
 
     # --- serving benchmarks (issue 6) ---

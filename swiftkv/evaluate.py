@@ -327,8 +327,9 @@ def evaluate_model(
     fidelity=None,
     heldout=None,
     seed: int = 1234,
-) -> tuple[dict, dict | None]:
-    """lm-eval results (with samples) of ``model`` as the student, and its fidelity to ``teacher_model``.
+) -> tuple[dict | None, dict | None]:
+    """lm-eval results (with samples) of ``model`` as the student (None without ``tasks``), and its fidelity to
+    ``teacher_model``.
 
     ``fidelity`` is a ``swiftkv.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
     it uses (default: ``swiftkv.heldout.heldout_sample()``).
@@ -336,15 +337,17 @@ def evaluate_model(
     from swiftkv.fidelity import measure_fidelity
     from swiftkv.kvquant import kv_memory
 
-    lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache)
-    t0 = time.perf_counter()
-    result = run_suite(lm, tasks, include_paths, seed=seed)
-    result["swiftkv"]["seconds_lm_eval"] = time.perf_counter() - t0
-    result["swiftkv"]["kv_memory"] = kv_memory(model.config, kv_cache)
-    result["swiftkv"]["model_config"] = {k: getattr(model.config, k, None) for k in (
-        "model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size", "swiftkv_key_value_heads",
-        "num_key_value_heads")}
-    result["swiftkv"]["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+    result = None
+    if tasks:
+        lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache)
+        t0 = time.perf_counter()
+        result = run_suite(lm, tasks, include_paths, seed=seed)
+        result["swiftkv"]["seconds_lm_eval"] = time.perf_counter() - t0
+        result["swiftkv"]["kv_memory"] = kv_memory(model.config, kv_cache)
+        result["swiftkv"]["model_config"] = {k: getattr(model.config, k, None) for k in (
+            "model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size",
+            "swiftkv_key_value_heads", "num_key_value_heads")}
+        result["swiftkv"]["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
     fid = None
     if fidelity is not None:
         from swiftkv.heldout import heldout_sample

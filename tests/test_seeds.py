@@ -165,7 +165,9 @@ def test_seed_runs_are_the_tables_recipe_with_another_seed_and_cache():
         assert "--seed 1" in c and "--teacher-cache results/teacher_cache/smollm2-135m/seed-1" in c
         assert "--tokens 512" in c and f"--lr {LR['partial']} " in c  # both rows train partially
     evals = [line for line in out.stdout.splitlines() if "swiftkv eval results/seeds/" in line]
-    assert len(evals) == 2 and all("--kv-cache native" in e for e in evals)
+    assert len(evals) == 4 and all("--kv-cache native" in e for e in evals)  # per student: tasks, fidelity
+    fidelity = [e for e in evals if "--fidelity-sequences" in e]
+    assert len(fidelity) == 2 and not any("--task " in e or "--tasks-json" in e for e in fidelity)  # no bpb
 
 
 @needs_snakemake

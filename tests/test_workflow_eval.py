@@ -39,19 +39,27 @@ def test_all_five_tables_in_the_ci_profile():
     counts = job_counts(out.stdout)
     native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
     assert counts["eval_swiftkv"] == len(native) + len(sheet_rows("tableB1"))  # + the FP8 rows of Table B.1
+    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"]  # each row's held-out measures in their own job
     assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own committed raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
 
 
-def test_eval_job_wires_checkpoint_tasks_and_cache():
-    out = dry_run(["results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/lm_eval.json"], "config/ci.yaml",
-                  flags=("-p",))
+def test_eval_jobs_wire_checkpoint_tasks_and_cache():
+    out = dry_run(["results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/lm_eval.json",
+                   "results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/heldout.json"], "config/ci.yaml", flags=("-p",))
     assert out.returncode == 0, out.stderr
-    cmd = next(line for line in out.stdout.splitlines() if "swiftkv eval results/" in line)
-    for part in ("swiftkv eval results/checkpoints/smollm2-135m/swiftkv-50-acrosskv-3", "--base smollm2-135m",
-                 "--tasks-json results/eval/smollm2-135m/tasks.json", "--kv-cache fp8",
-                 "--include-path results/tasks/bigbench/report", "--task sharegpt_heldout_ppl"):
-        assert part in cmd, cmd
+    cmds = [line for line in out.stdout.splitlines() if "swiftkv eval results/" in line]
+    tasks = next(c for c in cmds if "--tasks-json" in c)
+    heldout = next(c for c in cmds if "--lm-eval-name heldout.json" in c)
+    for part in ("swiftkv eval results/checkpoints/smollm2-135m/swiftkv-50-acrosskv-3", "--kv-cache fp8",
+                 "--base smollm2-135m"):
+        assert part in tasks and part in heldout, (tasks, heldout)
+    for part in ("--tasks-json results/eval/smollm2-135m/tasks.json", "--include-path results/tasks/bigbench/report",
+                 "--no-fidelity"):
+        assert part in tasks and part not in heldout, (tasks, heldout)
+    for part in ("--task sharegpt_heldout_ppl", "--fidelity-sequences 2",
+                 "--heldout results/tasks/heldout-ppl/smollm2-135m/conversations.jsonl"):
+        assert part in heldout and part not in tasks, (tasks, heldout)
 
 
 def test_paper_profile_uses_the_papers_tasks():

@@ -33,8 +33,8 @@ def eval_target(wildcards):
 
 
 def eval_inputs(wildcards):
-    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json",
-              "ppl": f"results/tasks/heldout-ppl/{wildcards.model}"}
+    """The benchmark tasks' evaluation: the model (and checkpoint), the task list and the BIG-bench task files."""
+    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json"}
     if wildcards.variant != "base":
         inputs["checkpoint"] = eval_target(wildcards)
     if EVAL["suite"] == "bigbench":
@@ -42,9 +42,16 @@ def eval_inputs(wildcards):
     return inputs
 
 
+def heldout_inputs(wildcards):
+    """The held-out measures: the model (and checkpoint) and the held-out ShareGPT documents and conversations."""
+    inputs = {"model": model_input(wildcards), "ppl": f"results/tasks/heldout-ppl/{wildcards.model}"}
+    if wildcards.variant != "base":
+        inputs["checkpoint"] = eval_target(wildcards)
+    return inputs
+
+
 def eval_include_args(wildcards, input):
-    paths = [input.ppl] + ([f"{input.bigbench}/report"] if EVAL["suite"] == "bigbench" else [])
-    return " ".join(f"--include-path {p}" for p in paths)
+    return f"--include-path {input.bigbench}/report" if EVAL["suite"] == "bigbench" else ""
 
 
 def eval_fidelity_args(wildcards):
@@ -66,6 +73,7 @@ def table_inputs(wildcards):
     rows = table_rows(wildcards)
     return {
         "lm_eval": [eval_path(r["model"], r["variant"], r["kv_cache"], "lm_eval.json") for r in rows],
+        "heldout": [eval_path(r["model"], r["variant"], r["kv_cache"], "heldout.json") for r in rows],
         "fidelity": [eval_path(r["model"], r["variant"], r["kv_cache"], "fidelity.json") for r in rows],
         "tasks": sorted({eval_path(r["model"], "tasks.json") for r in rows}),
     }
@@ -179,13 +187,26 @@ else:
 
 # -- one row: a model or checkpoint, with the native or an FP8 KV cache -------------------------------------------
 
-# One evaluation (also of the seeds study's students, workflow/rules/seeds.smk).
+# A row's evaluation is two jobs, so that the held-out measures can grow without re-running the benchmark tasks.
+# The benchmark tasks (lm_eval.json; also of the seeds and budget-scaling students, seeds.smk and scaling.smk):
 EVAL_SHELL = (
     "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
-    " --task sharegpt_heldout_ppl --heldout {input.ppl}/conversations.jsonl --kv-cache {wildcards.kvcache}"
-    " {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
+    " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {DTYPE}"
     " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
 )
+# ... and the held-out measures: fidelity to the base model (fidelity.json) and, where a table reports it, ShareGPT
+# bits per byte (heldout.json, lm-eval's rolling log-likelihood; params.ppl empty: fidelity only).
+HELDOUT_SHELL = (
+    "swiftkv eval {params.target} --base {params.base} {params.ppl} --heldout {input.ppl}/conversations.jsonl"
+    " --kv-cache {wildcards.kvcache} {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
+    " --threads {threads} --output-dir $(dirname {output.fidelity}) --lm-eval-name heldout.json > {log} 2>&1"
+)
+
+
+def heldout_ppl_args(wildcards, input):
+    from swiftkv.heldout import PPL_TASK
+
+    return f"--include-path {input.ppl} --task {PPL_TASK}"
 
 
 rule eval_swiftkv:
@@ -193,7 +214,6 @@ rule eval_swiftkv:
         unpack(eval_inputs),
     output:
         lm_eval="results/eval/{model}/{variant}/{kvcache}/lm_eval.json",
-        fidelity="results/eval/{model}/{variant}/{kvcache}/fidelity.json",
     log:
         "logs/eval_swiftkv/{model}/{variant}/{kvcache}.log",
     benchmark:
@@ -202,11 +222,31 @@ rule eval_swiftkv:
         target=eval_target,
         base=model_source,
         include=eval_include_args,
-        fidelity=eval_fidelity_args,
         batch=EVAL["batch_size"],
     threads: ALL_CORES
     shell:
         EVAL_SHELL
+
+
+rule heldout_swiftkv:
+    input:
+        unpack(heldout_inputs),
+    output:
+        heldout="results/eval/{model}/{variant}/{kvcache}/heldout.json",
+        fidelity="results/eval/{model}/{variant}/{kvcache}/fidelity.json",
+    log:
+        "logs/heldout_swiftkv/{model}/{variant}/{kvcache}.log",
+    benchmark:
+        "benchmarks/heldout_swiftkv/{model}/{variant}/{kvcache}.tsv"
+    params:
+        target=eval_target,
+        base=model_source,
+        ppl=heldout_ppl_args,
+        fidelity=eval_fidelity_args,
+        batch=EVAL["batch_size"],
+    threads: ALL_CORES
+    shell:
+        HELDOUT_SHELL
 
 
 # -- tables ---------------------------------------------------------------------------------------------------------

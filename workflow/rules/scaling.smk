@@ -123,7 +123,6 @@ rule distill_scaling_check:
 
 def scaling_eval_inputs(wildcards):
     inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json",
-              "ppl": f"results/tasks/heldout-ppl/{wildcards.model}",
               "checkpoint": f"results/budget_scaling/{wildcards.model}/{wildcards.run}/{wildcards.point}"}
     if EVAL["suite"] == "bigbench":
         inputs["bigbench"] = "results/tasks/bigbench"
@@ -136,7 +135,6 @@ rule eval_scaling:
         unpack(scaling_eval_inputs),
     output:
         lm_eval="results/budget_scaling/{model}/{run}/eval-{point}/{kvcache}/lm_eval.json",
-        fidelity="results/budget_scaling/{model}/{run}/eval-{point}/{kvcache}/fidelity.json",
     log:
         "logs/eval_scaling/{model}/{run}/{point}/{kvcache}.log",
     benchmark:
@@ -145,7 +143,6 @@ rule eval_scaling:
         target=lambda w, input: input.checkpoint,
         base=model_source,
         include=eval_include_args,
-        fidelity=eval_fidelity_args,
         batch=EVAL["batch_size"],
     threads: ALL_CORES
     shell:
@@ -161,8 +158,7 @@ def scaling_inputs(wildcards=None):
     return {
         "runs": list(paths["runs"].values()),
         "checks": list(paths["checks"].values()),
-        "evals": [f"{d}/{f}.json" for pts in paths["evals"].values() for d in pts.values()
-                  for f in ("lm_eval", "fidelity")],
+        "evals": [f"{d}/lm_eval.json" for pts in paths["evals"].values() for d in pts.values()],
         "base": [paths["base"], paths["tasks"]],
     }
 

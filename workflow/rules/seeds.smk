@@ -65,13 +65,12 @@ rule distill_swiftkv_seed:
         DISTILL_SHELL
 
 
-# ... evaluated exactly as the tables' rows are (native KV cache).
+# ... evaluated exactly as the tables' rows are (native KV cache): the benchmark tasks and the fidelity.
 rule eval_swiftkv_seed:
     input:
         unpack(eval_inputs),
     output:
         lm_eval="results/seeds/{model}/{variant}/seed-{seed}/{kvcache}/lm_eval.json",
-        fidelity="results/seeds/{model}/{variant}/seed-{seed}/{kvcache}/fidelity.json",
     log:
         "logs/eval_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.log",
     benchmark:
@@ -80,11 +79,30 @@ rule eval_swiftkv_seed:
         target=eval_target,
         base=model_source,
         include=eval_include_args,
-        fidelity=eval_fidelity_args,
         batch=EVAL["batch_size"],
     threads: ALL_CORES
     shell:
         EVAL_SHELL
+
+
+rule fidelity_swiftkv_seed:
+    input:
+        unpack(heldout_inputs),
+    output:
+        fidelity="results/seeds/{model}/{variant}/seed-{seed}/{kvcache}/fidelity.json",
+    log:
+        "logs/fidelity_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.log",
+    benchmark:
+        "benchmarks/fidelity_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
+    params:
+        target=eval_target,
+        base=model_source,
+        ppl="",  # seeds.csv reads no bits per byte
+        fidelity=eval_fidelity_args,
+        batch=EVAL["batch_size"],
+    threads: ALL_CORES
+    shell:
+        HELDOUT_SHELL
 
 
 # The small files behind reports/seeds.csv, committed (reports/raw/seeds: evaluations, training summaries and logs,
