@@ -69,6 +69,11 @@ class Row:
         return self
 
 
+def _group_size(row: Row) -> int:
+    """g of a row's sheet entry (1 where the sheet leaves it empty)."""
+    return int(row.spec.get("key_value_group_size") or 1)
+
+
 def reference_of(table: str, row: Row, rows: list[Row]) -> Row | None:
     """The row a table compares ``row`` with (besides the base model)."""
     same = [r for r in rows if r.model == row.model]
@@ -76,10 +81,9 @@ def reference_of(table: str, row: Row, rows: list[Row]) -> Row | None:
         found = [r for r in same if r.variant == row.variant and r.kv_cache == "native"]
     elif table in ("table4a", "table4b"):
         found = [r for r in same if r.spec.get("loss") == "kl" and r.spec.get("scope") == "partial"
-                 and str(r.spec.get("key_value_group_size", "1")) == "1" and not r.spec.get("kv_heads")
-                 and r.kv_cache == "native"]
+                 and _group_size(r) == 1 and not r.spec.get("kv_heads") and r.kv_cache == "native"]
     elif table == "tableB2":
-        found = [r for r in same if str(r.spec.get("key_value_group_size", "1")) != "1" and r.kv_cache == "native"]
+        found = [r for r in same if _group_size(r) != 1 and r.kv_cache == "native"]
     else:
         found = []
     found = [r for r in found if r is not row]

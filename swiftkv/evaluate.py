@@ -17,6 +17,7 @@ Importing this module registers it with lm-eval as model ``swiftkv``, so
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import defaultdict
@@ -313,6 +314,26 @@ def _merge(into: dict, out: dict) -> None:
 def tasks_from_manifest(manifest: dict, split: str) -> list[TaskSpec]:
     """Every task of a BIG-bench manifest (``swiftkv bigbench build``) on one split."""
     return [TaskSpec(name=entry["splits"][split]["task"]) for _, entry in sorted(manifest["tasks"].items())]
+
+
+def collect_tasks(tasks_json: str | Path | None = None, bigbench_manifest: str | Path | None = None,
+                  bigbench_split: str = "report", names: list[str] = (), include_paths: list[str | Path] = (),
+                  limit: int | None = None) -> tuple[list[TaskSpec], list[str | Path]]:
+    """The tasks of an evaluation and the folders lm-eval finds their YAMLs in: those of a task list (a JSON list,
+    or ``{"tasks": [...]}`` as the task selection writes), every task of a BIG-bench manifest on one split, and
+    tasks by name; ``limit`` caps the examples of every task that has no limit of its own."""
+    tasks, include = [], list(include_paths)
+    if tasks_json:
+        spec = json.loads(Path(tasks_json).read_text())
+        tasks += [TaskSpec.parse(t) for t in (spec["tasks"] if isinstance(spec, dict) else spec)]
+    if bigbench_manifest:
+        manifest = json.loads(Path(bigbench_manifest).read_text())
+        tasks += tasks_from_manifest(manifest, bigbench_split)
+        include.append(manifest["splits"][bigbench_split])
+    tasks += [TaskSpec(name=name) for name in names]
+    for t in tasks if limit else []:
+        t.limit = t.limit or limit
+    return tasks, include
 
 
 def evaluate_model(

@@ -30,6 +30,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -285,3 +286,20 @@ def measure_simscore(model, tokenizer, conversations, settings: SimScoreSettings
         "settings": asdict(settings),
     }
 
+
+
+def write_simscore(result: dict, name: str, csv_path: str | Path, metadata_path: str | Path, metadata: dict,
+                   overwrite: bool = False):
+    """Save a ``measure_simscore`` result: its rows as a CSV (one per metric and layer, ``model`` = ``name``) and
+    the rest, with ``metadata`` (source, dtype, device ...), as a JSON beside it. Returns the table."""
+    import pandas as pd
+
+    from swiftkv.io import atomic_path, write_json
+
+    result = dict(result)
+    table = pd.DataFrame(result.pop("rows"))
+    table.insert(0, "model", name)
+    with atomic_path(csv_path, overwrite=overwrite) as tmp:
+        table.to_csv(tmp, index=False)
+    write_json(metadata_path, {"model": name, **metadata, **result}, overwrite=overwrite)
+    return table

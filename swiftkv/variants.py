@@ -1,4 +1,5 @@
-"""The variants sheet (``config/variants.tsv``): one row per (model, SwiftKV configuration), explicit l and g.
+"""A variants sheet (the pipeline's is ``config/variants.tsv``, which the command line reads by default): one row per
+(model, SwiftKV configuration), explicit l and g.
 
 Columns: model, variant, num_key_value_layers, key_value_group_size, kv_heads (MQA; empty = unchanged), loss
 (kl|lm|kl+hidden|none), scope (partial|full|none), train (yes|no), skip_fraction, label, tables.
@@ -12,10 +13,7 @@ from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
 
-DEFAULT_SHEET = Path("config/variants.tsv")
-
-
-def read_variants(path: str | os.PathLike = DEFAULT_SHEET) -> list[dict[str, str]]:
+def read_variants(path: str | os.PathLike) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise SwiftKVError(f"variants sheet {path} not found; pass --variants FILE")
@@ -23,7 +21,7 @@ def read_variants(path: str | os.PathLike = DEFAULT_SHEET) -> list[dict[str, str
         return list(csv.DictReader(f, delimiter="\t"))
 
 
-def variant_row(model: str, variant: str, path: str | os.PathLike = DEFAULT_SHEET) -> dict[str, str]:
+def variant_row(model: str, variant: str, path: str | os.PathLike) -> dict[str, str]:
     rows = read_variants(path)
     for row in rows:
         if row["model"] == model and row["variant"] == variant:

@@ -13,10 +13,10 @@ wildcard_constraints:
 
 def eval_variant_rows():
     """Rows of the variants sheet (common.smk's validated VARIANTS) for the models evaluated here, in sheet order, as
-    plain dicts of strings (empty where the sheet is empty) with `tables` split into a list."""
+    plain dicts of the sheet's typed values (None where the sheet is empty) with `tables` split into a list."""
     rows = []
     for _, row in VARIANTS[VARIANTS.model.isin(EVAL["models"])].iterrows():
-        r = {k: "" if pd.isna(v) else str(v) for k, v in row.items()}
+        r = {k: None if pd.isna(v) else v.item() if hasattr(v, "item") else v for k, v in row.items()}
         r["tables"] = [t for t in r["tables"].split(",") if t]
         rows.append(r)
     return rows

@@ -1,0 +1,311 @@
+"""Benchmark commands (``swiftkv bench ...``): prefill, distill, vllm, serve, sharegpt-requests."""
+
+from __future__ import annotations
+
+import argparse
+
+from swiftkv.cli.options import (
+    DefaultsFormatter,
+    add_model_args,
+    positive_int,
+    resolve_device,
+    resolve_dtype,
+    unit_fraction,
+)
+from swiftkv.errors import SwiftKVError
+
+
+def cmd_bench_prefill(args) -> None:
+    import torch
+
+    from swiftkv.bench import PrefillBench, bench_prefill
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, args.device)
+    from swiftkv.serving.models import is_config_file
+
+    if args.random_weights or is_config_file(args.model):  # timing only: a config is enough, no weights or hub
+        from transformers import AutoModelForCausalLM
+
+        from swiftkv.flops import load_config
+
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(load_config(args.model), dtype=dtype).eval()
+    else:
+        model, _ = load_model(args.model, dtype=dtype, resources=args.resources)
+    model.to(args.device)
+    settings = PrefillBench(
+        lengths=args.lengths,
+        fractions=args.fractions,
+        batch_size=args.batch_size,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        include_noskip=args.include_noskip,
+    )
+    result = bench_prefill(model, settings)
+    result["model"] = args.name or args.model
+    result["random_weights"] = bool(args.random_weights)
+    write_json(args.output, result, overwrite=args.overwrite)
+    for row in result["results"]:
+        print(
+            f"{row['variant']:>22} len={row['length']:>5}  median {row['median_s'] * 1e3:8.1f} ms"
+            f"  [{row['q1_s'] * 1e3:.1f}, {row['q3_s'] * 1e3:.1f}]  speedup {row['speedup']:.2f}x"
+        )
+
+
+def cmd_bench_vllm(args) -> None:
+    from pathlib import Path
+
+    from swiftkv.io import open_output_dir, write_json
+    from swiftkv.loading import resolve_model
+    from swiftkv.vllm_bench import ThroughputBench, bench_vllm_throughput, vllm_python
+
+    models = {}
+    for item in args.models:
+        label, sep, name = item.partition("=")
+        if not sep or not label or not name:
+            raise SwiftKVError(f"model {item!r} is not LABEL=MODEL (e.g. base=smollm2-135m swiftkv=results/ckpt)")
+        models[label] = resolve_model(name, args.resources)
+    settings = ThroughputBench(
+        input_len=args.input_len, output_len=args.output_len, num_prompts=args.num_prompts, repeats=args.repeats,
+        dtype=args.dtype, kv_cache_gib=args.kv_cache_gib, kv_cache_bytes=args.kv_cache_bytes,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, threads=args.threads)
+    workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), args.overwrite,
+                              "vLLM raw outputs and logs")
+    result = bench_vllm_throughput(models, settings, vllm_python(args.vllm_venv), workdir)
+    write_json(args.output, result, overwrite=args.overwrite)
+    for row in result["results"]:
+        print(f"{row['label']:>12} l={row['num_key_value_layers']:>3} g={row['key_value_group_size']}"
+              f"  {row['tokens_per_s']:8.1f} tok/s  speedup {row['speedup']:.2f}x"
+              f"  KV cache {row['kv_cache_tokens']} tokens ({row['kv_cache_ratio']:.2f}x)")
+
+
+def cmd_bench_distill(args) -> None:
+    import torch
+
+    from swiftkv.bench import DistillBench, bench_distill
+    from swiftkv.data import collate_packs, load_conversations, pack_conversations, split_conversations
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = resolve_dtype(args.dtype, args.device)
+    if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from swiftkv.bench import random_packed_batches
+
+        config = AutoConfig.from_pretrained(args.model)
+        torch.manual_seed(args.seed)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        batches = random_packed_batches(config.vocab_size, args.max_length, args.batches, args.seed, args.device)
+    else:
+        model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
+        model.to(args.device)
+        train_convs, _ = split_conversations(load_conversations(args.data)[0])
+        packs = pack_conversations(train_convs, tokenizer, args.max_length, args.max_length * args.batches, seed=args.seed)
+        batches = [{k: v.to(args.device) for k, v in collate_packs([p], tokenizer.pad_token_id or 0).items()}
+                   for p in packs[: args.batches]]
+    settings = DistillBench(num_key_value_layers=args.num_key_value_layers, warmup=args.warmup, repeats=args.repeats,
+                            chunk_size=args.chunk_size)
+    result = bench_distill(model, batches, settings)
+    result.update(model=args.model, max_length=args.max_length, threads=torch.get_num_threads())
+    write_json(args.output, result, overwrite=args.overwrite)
+    for row in result["results"]:
+        print(f"{row['step']:>13}: {row['tok_per_s']:7.1f} tok/s [{row['tok_per_s_q1']:.1f}, {row['tok_per_s_q3']:.1f}]"
+              f"  (median {row['median_s']:.2f} s for {row['tokens']} tokens; {row['speedup_vs_naive']:.2f}x naive, "
+              f"{row['speedup_vs_shared_prefix']:.2f}x shared_prefix)")
+    print(f"teacher cache build: {result['cache_build_tokens_per_s']:.0f} tok/s; largest loss difference between the "
+          f"paths: {result['loss_max_abs_diff']:.2e}")
+
+
+def cmd_bench_serve(args) -> None:
+    from swiftkv.serving.run import ServeRequest, bench_serve
+
+    result = bench_serve(ServeRequest.from_options(args))
+    for row in result["results"]:
+        keys = [k for k in ("input_len", "request_rate", "kv_limit_bytes", "min_ratio") if k in row]
+        where = " ".join(f"{k}={row[k]}" for k in keys)
+        if row.get("status") == "not_measured":
+            print(f"{row['variant']:>24} {where}  not measured: {row.get('reason')}")
+        elif "median_ttft_ms" in row:
+            print(f"{row['variant']:>24} {where}  TTFT {row['median_ttft_ms']:.0f} ms  TPOT {row['median_tpot_ms']:.1f} ms")
+        elif row.get("throughput_tok_s"):
+            speed = f"  speedup {row['speedup']:.2f}x" if row.get("speedup") else ""
+            speed += f" (paired {row['paired_speedup']:.2f}x)" if row.get("paired_speedup") else ""
+            pred = f" (predicted {row['predicted_speedup']:.2f}x)" if row.get("predicted_speedup") else ""
+            print(f"{row['variant']:>24} {where}  {row['throughput_tok_s']:.1f} tok/s{speed}{pred}")
+        else:
+            print(f"{row['variant']:>24} {where}  {row.get('status')}: {row.get('reason')}")
+    print(args.output)
+
+
+def cmd_bench_sharegpt_requests(args) -> None:
+    from transformers import AutoTokenizer
+
+    from swiftkv.io import write_json
+    from swiftkv.loading import resolve_model
+    from swiftkv.serving.workloads import select_sharegpt
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
+    selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
+                                args.max_output_len, args.split, args.seed)
+    selection["model"] = args.model
+    write_json(args.output, selection)  # refuses to replace a file it did not write
+    for f in selection["filters"]:
+        print(f"min ratio {f['min_ratio']:>6}: {f['passing']:>6} pass, {f['num_requests']} chosen, "
+              f"input/output {f['ratio_of_sums']:.2f} (ratio of sums)")
+    print(args.output)
+
+
+def add_parsers(bench) -> None:
+    """The benchmark commands' parsers on the ``swiftkv bench`` subparsers ``bench``."""
+    from swiftkv.serving import ENGINES, STUDIES
+
+    p = bench.add_parser("prefill", help="prefill forward time: base vs SwiftKV at several l, same process",
+                         description="Times one prefill (prompt -> next-token logits, cache on) of the base model and "
+                         "of SwiftKV students with l = round(L * fraction), warm-up then interleaved repeats. MODEL may also be a "
+                         "config JSON (e.g. config/models/llama-3.1-8b-instruct.json): random weights, no hub needed.")
+    add_model_args(p, dtype="auto")
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 2048], help="prompt lengths in tokens")
+    p.add_argument("--fractions", type=unit_fraction, nargs="+", default=[0.5, 0.25],
+                   help="kept fraction of layers for each student, in (0, 1] (0.5 -> l = L/2)")
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
+    p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config.json (or a directory holding one): time a randomly initialised model of "
+                   "that shape (e.g. config/models/llama-3.1-8b-instruct.json on a GPU, no hub needed)")
+    p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_prefill, output_kind="file")
+    p = bench.add_parser("distill", help="distillation step tokens/s: naive vs shared-prefix vs teacher-cached step",
+                         description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
+                         "four ways in the same process, interleaved: naive (full teacher forward + full student "
+                         "forward/backward with all logits), shared_prefix (the trainer before the teacher cache: "
+                         "layers < l once, chunked autograd loss), uncached (the trainer without a cache today: the "
+                         "closed-form loss) and cached (the trainer with a teacher cache: only the student's layers "
+                         ">= l and the heads); also the rate a teacher cache is built at and the largest loss "
+                         "difference between the paths. JSON keys: tokens_per_s.{naive,shared_prefix,uncached,cached},"
+                         " cache_build_tokens_per_s, loss_max_abs_diff.",
+                         formatter_class=DefaultsFormatter)
+    add_model_args(p, dtype="auto")
+    p.add_argument("--num-key-value-layers", "-l", type=int, default=15, help="l of the student")
+    p.add_argument("--max-length", type=int, default=1024, help="tokens per packed row")
+    p.add_argument("--batches", type=int, default=2, help="packed rows per timed repeat")
+    p.add_argument("--data", default="sharegpt", choices=["sharegpt", "hub"])
+    p.add_argument("--random-weights", action="store_true",
+                   help="MODEL is a config file (e.g. config/models/llama-3.1-8b-instruct.json): random weights and "
+                   "random packed rows, no tokenizer or data needed")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--seed", type=int, default=0, help="seed of the packed rows and of --random-weights")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per path before timing")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per path, interleaved")
+    p.add_argument("--chunk-size", type=positive_int, default=1024,
+                   help="positions per chunk of full-vocabulary logits in the trainer's loss")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_distill, output_kind="file")
+
+
+    p = bench.add_parser("vllm", help="vLLM throughput of a base model vs SwiftKV checkpoints (plugin), same run",
+                         description="Runs vLLM's own `vllm bench throughput` (random prompts, fixed lengths) in the "
+                         "vLLM venv for each LABEL=MODEL, the first being the baseline, and writes tokens/s, speedup "
+                         "and the engine's KV-cache capacity (tokens) per model as JSON.")
+    p.add_argument("models", nargs="+", help="LABEL=MODEL, MODEL an embedded id or a model directory; e.g. "
+                   "base=smollm2-135m swiftkv=results/ckpt-l15 acrosskv=results/ckpt-l15-g3")
+    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    p.add_argument("--output-len", type=int, default=16, help="generated tokens per request (default 16)")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1, help="runs per model, interleaved across models")
+    p.add_argument("--dtype", default="float32", help="vLLM dtype (default float32: bf16 is slow without AVX512-BF16)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for every model (default 1)")
+    p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache bytes instead (memory-limited runs)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the engine (default 2)")
+    p.add_argument("--vllm-venv", default=None, help="vLLM venv (default $VLLM_VENV or .venv-vllm)")
+    p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
+    p.add_argument("--workdir", default=None, help="per-run logs and JSON (default: the output path without suffix)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_vllm, output_kind="file")
+
+
+    p = bench.add_parser(
+        "serve", help="serving benchmark: throughput / latency / KV-limit / ShareGPT, hf or vLLM engine",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run one serving study of MODEL on one engine and write a JSON of rows (one per point and "
+        "variant).\n\n"
+        "engines:\n"
+        "  hf    transformers generate() in this process; variants are SwiftKV wirings of MODEL (prefill skip)\n"
+        "  vllm  the vLLM CLI in its own environment (--vllm-command): vllm bench throughput / vllm serve +\n"
+        "        vllm bench serve on 127.0.0.1; every server is stopped when the run ends or fails\n"
+        "studies:\n"
+        "  throughput  combined (input+output) tokens/s vs --input-lens at --output-len (paper Fig. 3)\n"
+        "  latency     TTFT / TPOT vs --request-rates, Poisson arrivals (Fig. 4)\n"
+        "  kv-limit    throughput when the KV cache may hold --kv-limits-mib (Table 3)\n"
+        "  sharegpt    real prompts by minimum input/output ratio from --requests (Table A.3)\n"
+        "variants (--variant, repeatable; default: base):\n"
+        "  base | ID=l | ID=l,g | JSON {\"id\", \"model\", \"num_key_value_layers\", \"key_value_group_size\",\n"
+        "  \"env\", \"args\", \"label\"} (vllm: a model directory served with extra env / engine args)\n\n"
+        "example: swiftkv bench serve smollm2-135m --engine hf --study throughput --input-lens 1024 --output-len 64 \\\n"
+        "           --variant base --variant swiftkv-50=15 --variant swiftkv-50-acrosskv-3=15,3 -o tput.json")
+    p.add_argument("model", help="embedded id, model directory, hub id, or (hf engine) a config JSON for random weights")
+    p.add_argument("--engine", choices=ENGINES, required=True)
+    p.add_argument("--study", choices=STUDIES, required=True)
+    p.add_argument("--variant", action="append", metavar="SPEC", help="a variant (see above); repeat for several")
+    p.add_argument("--input-lens", type=int, nargs="+", default=[1024], help="prompt lengths (latency, kv-limit: one)")
+    p.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default 64)")
+    p.add_argument("--num-requests", type=int, default=4, help="requests per point (default 4)")
+    p.add_argument("--request-rates", type=float, nargs="+", help="latency: requests/s (inf = all at once)")
+    p.add_argument("--kv-limits-mib", type=float, nargs="+", help="kv-limit: KV-cache budgets in MiB")
+    p.add_argument("--requests", help="sharegpt: the selection JSON from `swiftkv bench sharegpt-requests`")
+    p.add_argument("--min-ratios", type=float, nargs="+", help="sharegpt: run only these filters of the selection")
+    p.add_argument("--batch-size", type=int, default=4, help="hf: requests per generate call (default 4)")
+    p.add_argument("--max-batch", type=int, default=64, help="hf: largest batch (latency server, kv-limit)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="hf: untimed short generate calls per variant; vllm: warm-up requests per run (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (hf) / engine runs (vllm) per point")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (bf16 only where fast; default auto)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="torch / OMP threads (default: all this process may use)")
+    p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
+    p.add_argument("--no-memory", action="store_true", help="hf: skip the peak-memory pass")
+    p.add_argument("--vllm-command", default="bin/vllm-env vllm",
+                   help="how to call the vLLM CLI (default: bin/vllm-env vllm, the CPU build in .venv-vllm)")
+    p.add_argument("--vllm-args", default="", help="extra engine arguments for every variant, e.g. "
+                   "'--tensor-parallel-size 8'")
+    p.add_argument("--kv-cache-mib", type=float, default=1024, help="vllm: KV-cache space in MiB (default 1024)")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: model length (default: the study's longest)")
+    p.add_argument("--workdir", default=None, help="vllm: raw outputs and logs (default: OUTPUT without .json)")
+    p.add_argument("--on-unavailable", choices=("error", "mark"), default="error",
+                   help="when the engine cannot run here (no GPU, no vLLM): fail (default) or write a result "
+                   "marked not measured, with the reason")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_serve, output_kind="file")
+
+    p = bench.add_parser(
+        "sharegpt-requests", help="select ShareGPT requests by minimum input/output ratio (Table A.3 workloads)",
+        description="First user turn -> prompt, the reply's length -> output length (capped); for each minimum "
+        "ratio, --num-requests sampled (seeded) among the requests that pass it. Both engines read the result.")
+    p.add_argument("model", help="the model whose tokenizer counts tokens (embedded id or directory)")
+    p.add_argument("--min-ratios", type=float, nargs="+", default=[0, 0.2, 2, 20, 100])
+    p.add_argument("--num-requests", type=int, default=16)
+    p.add_argument("--max-input-len", type=int, default=1024, help="drop longer prompts (vLLM's ShareGPT limit)")
+    p.add_argument("--max-output-len", type=int, default=64, help="cap on the reply length")
+    p.add_argument("--split", choices=("train", "heldout"), default="train")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resources", default=None)
+    p.add_argument("--output", "-o", required=True)
+    p.set_defaults(func=cmd_bench_sharegpt_requests, output_kind="file")

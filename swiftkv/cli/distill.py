@@ -1,0 +1,196 @@
+"""Distillation commands: distill, teacher-cache."""
+
+from __future__ import annotations
+
+import argparse
+
+from swiftkv.cli.options import add_model_args, positive_int, resolve_dtype
+from swiftkv.errors import SwiftKVError
+
+
+def _eval_every(text: str) -> int:
+    """argparse type of distill --eval-every: steps >= 1, or 'end' (-1: only before and after training)."""
+    return -1 if text == "end" else positive_int(text)
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    """argparse type of distill --read-budgets: comma-separated positive token budgets."""
+    return tuple(positive_int(t) for t in text.split(","))
+
+
+def _save_at(text: str) -> tuple[int, str]:
+    """argparse type of distill --save-at: BUDGET=DIRECTORY."""
+    budget, sep, path = text.partition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not BUDGET=DIRECTORY, e.g. 2048=students/tokens-2048")
+    return positive_int(budget), path
+
+
+def cmd_distill(args) -> None:
+    import dataclasses
+
+    import torch
+
+    from swiftkv.distill import DistillSettings
+    from swiftkv.variants import distill_options, variant_row
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = {}
+    if args.variant:
+        model_id = args.model_id or args.model
+        options.update(distill_options(variant_row(model_id, args.variant, args.variants)))
+    explicit = {
+        "num_key_value_layers": args.num_key_value_layers,
+        "key_value_group_size": args.key_value_group_size,
+        "key_value_heads": args.kv_heads,
+        "loss": args.loss,
+        "loss_positions": args.loss_positions,
+        "scope": args.scope,
+        "train": False if args.no_train else None,
+    }
+    options.update({k: v for k, v in explicit.items() if v is not None})
+    if "num_key_value_layers" not in options:
+        raise SwiftKVError("say which student to train: --variant NAME (from the variants sheet) or -l L [-g G]")
+    fields = {f.name for f in dataclasses.fields(DistillSettings)}
+    options.update({k: v for k, v in vars(args).items() if k in fields and k not in explicit and v is not None})
+    settings = DistillSettings(**options)
+    settings.validate()
+    from dataclasses import asdict
+
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.distill import train
+    from swiftkv.loading import check_student_shape, load_model
+
+    check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
+                        settings.key_value_heads)
+    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
+    train_convs = heldout_convs = source = None  # with a teacher cache the packed data come from it
+    if not args.teacher_cache:
+        conversations, source_report = load_conversations(settings.data)
+        train_convs, heldout_convs = split_conversations(conversations)
+        source = asdict(source_report)
+    summary = train(base, tokenizer, settings, args.output, train_conversations=train_convs,
+                    heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
+                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
+                    mixed_precision=args.mixed_precision, progress=not args.no_progress,
+                    extra_summary={"variant": args.variant, "source_report": source}, overwrite=args.overwrite,
+                    teacher_cache=args.teacher_cache, save_at=dict(args.save_at or []), log_only=args.log_only)
+    init, final = summary["heldout_initial"], summary["heldout_final"]
+    if init and final:
+        print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "
+              f"({summary['train_tokens']} tokens, {summary['train_tok_per_s'] or 0:.0f} tok/s)")
+    print(args.output)
+
+
+def cmd_teacher_cache(args) -> None:
+    import torch
+
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.loading import load_model
+    from swiftkv.teacher_cache import build_teacher_cache
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    train_convs, heldout_convs = split_conversations(load_conversations(args.data)[0])
+    meta = build_teacher_cache(
+        model, tokenizer, args.output, train_conversations=train_convs, heldout_conversations=heldout_convs,
+        layers=args.layers, data=args.data, seed=args.seed, max_length=args.max_length, tokens=args.tokens,
+        heldout_tokens=args.heldout_tokens, storage_dtype=args.cache_dtype, overwrite=args.overwrite,
+        progress=not args.no_progress)
+    build = meta["build"]
+    print(f"{args.output}: {build['train_tokens']} training tokens at {build['tokens_per_s']:.0f} tok/s, layers "
+          f"{meta['key']['layers']}, {meta['key']['dtype']}")
+
+
+def add_parsers(sub) -> None:
+    """The distillation commands' parsers on the top-level subparsers ``sub``."""
+    p = sub.add_parser(
+        "distill", help="distil a SwiftKV student from its base model (KL to the teacher, paper defaults)",
+        description="Convert MODEL to a SwiftKV student and train it against the same model with SwiftKV off. The "
+        "layers below l run once per step for both; only the student's SwiftKV parts train (--scope full: every "
+        "layer >= l). Data: conversations rendered with the chat template, packed with attention separation. Writes "
+        "a SwiftKV checkpoint (Snowflake format) with train_log.jsonl and distill.json beside it; checkpoints go to "
+        "OUTPUT.ckpt/ while it runs (--resume continues from there).",
+    )
+    add_model_args(p)
+    p.add_argument("--output", "-o", required=True, help="output directory (written atomically at the end)")
+    g = p.add_argument_group("student (from the variants sheet, or explicit; explicit flags win)")
+    g.add_argument("--variant", help="row of the variants sheet, e.g. swiftkv-50")
+    g.add_argument("--variants", default="config/variants.tsv",
+                   help="variants sheet (TSV; default config/variants.tsv)")
+    g.add_argument("--model-id", help="the model's id in the sheet (default: MODEL)")
+    g.add_argument("--num-key-value-layers", "-l", type=int, help="l: layers that keep their own K/V")
+    g.add_argument("--key-value-group-size", "-g", type=int, help="g: AcrossKV group size")
+    g.add_argument("--kv-heads", type=int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")
+    g.add_argument("--loss", choices=["kl", "lm", "kl+hidden"], help="kl (default), lm (next-token CE), kl+hidden")
+    g.add_argument("--scope", choices=["partial", "full"], help="partial (SwiftKV parts, default) or full (layers >= l)")
+    g.add_argument("--loss-positions", choices=["all", "assistant"],
+                   help="all real tokens (default) or assistant tokens only, still averaged over all positions "
+                   "(Snowflake's current recipe)")
+    g.add_argument("--no-train", action="store_true", help="save the converted student untrained (w/o distillation)")
+    g = p.add_argument_group("training (paper defaults)")
+    g.add_argument("--tokens", type=int, help="training token budget per epoch, 0 = all the data (default 100000)")
+    g.add_argument("--epochs", type=int, help="passes over the budget's packs (default 1; the paper: 2)")
+    g.add_argument("--max-length", type=int, help="tokens per packed row (default 2048)")
+    g.add_argument("--batch-size", type=int, help="packed rows per step and process (default 1)")
+    g.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
+    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.05)")
+    g.add_argument("--warmup-ratio", type=float, help="linear warm-up share of the steps, then cosine (default 0.05)")
+    g.add_argument("--schedule", choices=["cosine", "wsd"],
+                   help="lr schedule: cosine (default) or wsd (warmup-stable-decay, read at --read-budgets)")
+    g.add_argument("--read-budgets", type=_budgets,
+                   help="wsd: token budgets read along one run, e.g. 2048,4096,8192 (--tokens = the largest): at "
+                   "each, a branch decays the lr over the budget's last --decay-ratio of steps and is evaluated")
+    g.add_argument("--warmup-steps", type=int, help="wsd: linear warm-up steps, then constant (default 2)")
+    g.add_argument("--decay-ratio", type=float, help="wsd: share of a budget's steps its decay takes (default 0.2)")
+    g.add_argument("--save-at", type=_save_at, action="append", metavar="BUDGET=DIR",
+                   help="wsd: also save the student read at BUDGET to DIR (repeatable); OUTPUT gets the largest")
+    g.add_argument("--temperature", type=float, help="distillation temperature T; the loss is T^2 * KL (default 2)")
+    g.add_argument("--hidden-weight", type=float, help="weight of the hidden-state MSE in kl+hidden (default 1)")
+    g.add_argument("--max-grad-norm", type=float, help="gradient clipping, 0 = off (default 1)")
+    g.add_argument("--seed", type=int, help="data order seed (default 0)")
+    g.add_argument("--data", choices=["sharegpt", "hub"], help="sharegpt (embedded, default) or hub (paper data)")
+    g.add_argument("--chunk-size", type=int, help="positions per chunk of full-vocabulary logits (default 1024)")
+    g = p.add_argument_group("evaluation, checkpoints, hardware")
+    g.add_argument("--heldout-tokens", type=int, help="held-out tokens for the KL in the log (default 4096)")
+    g.add_argument("--eval-every", type=_eval_every,
+                   help="steps between held-out evaluations, or 'end' for only the ones before and after training "
+                   "(default: 5 per run)")
+    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
+    g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
+    g.add_argument("--log-only", action="store_true",
+                   help="OUTPUT gets the run's summary (distill.json) and training log, not the student's weights "
+                   "(for runs read only through their held-out numbers, e.g. an lr sweep: saves ~4 bytes/parameter)")
+    g.add_argument("--resume", action="store_true", help="continue from the last checkpoint of the same settings")
+    g.add_argument("--teacher-cache", help="a teacher cache (swiftkv teacher-cache) for these settings: the teacher's "
+                   "side and the packed data come from it, so a step runs only the student's layers >= l")
+    g.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+    g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
+                   help="autocast (default: bf16 where the hardware is fast at it, else none)")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_distill, output_kind="dir", check_model=False)
+
+    p = sub.add_parser(
+        "teacher-cache", help="the frozen teacher's side of every distillation of a model, computed once",
+        description="One no-grad pass of the teacher (MODEL with SwiftKV off) over the distillation token stream (the "
+        "same packing, order and seed the trainer uses) and the held-out sample; stores, per token, the residual "
+        "stream entering each --layers l (and the last layer) and the final normed hidden state, plus the packed "
+        "stream itself. `swiftkv distill --teacher-cache DIR` then runs only the student's layers >= l per step. "
+        "One cache serves every variant, budget up to --tokens and loss of that seed.")
+    add_model_args(p)
+    p.add_argument("--layers", type=positive_int, nargs="+", required=True,
+                   help="the l values of the students it will serve (e.g. 22 15 11)")
+    p.add_argument("--tokens", type=positive_int, required=True, help="training tokens (the largest budget served)")
+    p.add_argument("--max-length", type=positive_int, default=2048, help="tokens per packed row (default 2048)")
+    p.add_argument("--heldout-tokens", type=int, default=4096, help="held-out tokens (default 4096, as distill)")
+    p.add_argument("--seed", type=int, default=0, help="data order seed (default 0, as distill)")
+    p.add_argument("--data", choices=["sharegpt", "hub"], default="sharegpt")
+    p.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="storage precision (default float32: the trainer's numbers exactly; bfloat16: half the disk)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.set_defaults(func=cmd_teacher_cache, output_kind="dir")

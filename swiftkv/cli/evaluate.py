@@ -1,0 +1,194 @@
+"""Evaluation commands: bigbench fetch/extract/build, heldout-ppl-task, eval."""
+
+from __future__ import annotations
+
+import argparse
+
+from swiftkv.cli.options import add_model_args, as_teacher, resolve_dtype
+from swiftkv.errors import SwiftKVError
+
+
+def _json_file_name(text: str) -> str:
+    """argparse type of eval --lm-eval-name: a bare file name ending in .json (no folder)."""
+    if not text.endswith(".json") or "/" in text or text in (".json", "fidelity.json"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name ending in .json (no folder, not "
+                                         "fidelity.json), e.g. heldout.json")
+    return text
+
+
+def cmd_bigbench_fetch(args) -> None:
+    from swiftkv.bigbench import fetch_sdist
+
+    print(fetch_sdist(args.dest))
+
+
+def cmd_bigbench_extract(args) -> None:
+    from swiftkv.bigbench import extract_tasks, verify_sdist
+    from swiftkv.io import open_output_dir
+
+    verify_sdist(args.tarball)
+    open_output_dir(args.output, args.overwrite, "BIG-bench task.json files")
+    for path in extract_tasks(args.tarball, args.tasks, args.output):
+        print(path)
+
+
+def cmd_bigbench_build(args) -> None:
+    import json
+    from pathlib import Path
+
+    from swiftkv.bigbench import write_lm_eval_tasks
+    from swiftkv.io import open_output_dir, write_json
+
+    tasks = {}
+    for name in args.tasks:
+        path = Path(args.tasks_dir) / name / "task.json"
+        if not path.is_file():
+            raise SwiftKVError(f"{path} is missing; extract it first: swiftkv bigbench extract ... --tasks {name}")
+        tasks[name] = json.loads(path.read_text())
+    open_output_dir(args.output, args.overwrite, "lm-eval tasks (BIG-bench, cloze format)")
+    manifest = write_lm_eval_tasks(tasks, args.output, {"selection": args.selection_examples,
+                                                        "report": args.report_examples})
+    write_json(Path(args.output) / "manifest.json", manifest)
+    for name, entry in manifest["tasks"].items():
+        sel, rep = entry["splits"]["selection"], entry["splits"]["report"]
+        print(f"{name:45s} examples {entry['examples']:5d}  selection {sel['n']:4d}  report {rep['n']:4d}"
+              f"  chance {rep['chance']:.3f}")
+
+
+def cmd_heldout_ppl_task(args) -> None:
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from swiftkv.heldout import heldout_sample, perplexity_docs, write_conversations, write_perplexity_task
+    from swiftkv.io import open_output_dir
+    from swiftkv.loading import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
+    sample = heldout_sample()
+    docs = perplexity_docs(tokenizer, sample, args.documents, args.max_tokens)
+    open_output_dir(args.output, args.overwrite, "lm-eval perplexity task (held-out ShareGPT)")
+    print(write_perplexity_task(docs, args.output))
+    if args.conversations:
+        write_conversations(sample[: args.conversations], Path(args.output) / "conversations.jsonl")
+
+
+def cmd_eval(args) -> None:
+    import json
+
+    import torch
+
+    from swiftkv.evaluate import collect_tasks, evaluate_model
+    from swiftkv.fidelity import FidelitySettings
+    from swiftkv.io import open_output_dir, write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks, include = collect_tasks(args.tasks_json, args.bigbench_manifest, args.bigbench_split, args.task or [],
+                                   args.include_path or [], args.limit)
+    if not tasks and args.no_fidelity:
+        raise SwiftKVError("nothing to evaluate: no tasks given and --no-fidelity; pass --tasks-json, "
+                           "--bigbench-manifest or --task, or drop --no-fidelity")
+    dtype = resolve_dtype(args.dtype, args.device)
+    model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
+    model.to(args.device)
+    teacher = None
+    if args.base and args.base != args.model and not args.no_fidelity:  # a base model is its own teacher
+        teacher, _ = load_model(args.base, dtype=dtype, resources=args.resources)
+        teacher.to(args.device)
+    if args.teacher:
+        as_teacher(model, args.model)
+    fidelity = None if args.no_fidelity else FidelitySettings(
+        num_sequences=args.fidelity_sequences, max_tokens=args.fidelity_tokens, num_prompts=args.fidelity_prompts,
+        max_prompt_tokens=args.fidelity_prompt_tokens, new_tokens=args.fidelity_new_tokens,
+        batch_size=min(args.batch_size, 8))
+    heldout = None
+    if args.heldout and fidelity is not None:
+        from swiftkv.heldout import read_conversations
+
+        heldout = read_conversations(args.heldout)
+    result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
+                                 batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
+    out = open_output_dir(args.output_dir, args.overwrite, "lm-eval results")
+    if fid is not None:
+        fid.update(model=args.model, base=args.base)
+        write_json(out / "fidelity.json", fid)
+        print(f"fidelity: KL {fid['kl']:.4f}  top-1 {fid['top1']:.3f}  greedy {fid['greedy']:.3f}  ({fid['seconds']:.0f} s)")
+    if result is None:
+        return
+    result["swiftkv"].update(model=args.model, base=args.base, device=args.device, threads=torch.get_num_threads())
+    write_json(out / args.lm_eval_name, json.loads(json.dumps(result, default=str)))
+    for name, scores in result["results"].items():
+        shown = {k: round(v, 4) for k, v in scores.items() if isinstance(v, float) and "stderr" not in k}
+        print(f"{name:45s} {shown}")
+    print(f"lm-eval: {result['swiftkv']['seconds_lm_eval']:.0f} s")
+
+
+def add_parsers(sub) -> None:
+    """The evaluation commands' parsers on the top-level subparsers ``sub``."""
+    bb = sub.add_parser("bigbench", help="BIG-bench multiple-choice tasks as offline lm-eval tasks").add_subparsers(
+        dest="bigbench", metavar="STEP")
+    bb.required = True
+    p = bb.add_parser("fetch", help="download the bigbench==1.0.0 sdist with pip (358 MB) and verify its sha256")
+    p.add_argument("--dest", default="resources/bigbench", help="folder for the tarball (default resources/bigbench)")
+    p.set_defaults(func=cmd_bigbench_fetch)
+    p = bb.add_parser("extract", help="copy the task.json of the named tasks out of the sdist (only those)")
+    p.add_argument("--tarball", required=True)
+    p.add_argument("--tasks", nargs="+", required=True, help="task names, e.g. physics goal_step_wikihow/step_inference")
+    p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
+    p.set_defaults(func=cmd_bigbench_extract, output_kind="dir")
+    p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
+                      description="Each example goes to the selection or the report split by a hash of the example; "
+                      "the first N of each split (in hash order) are written.")
+    p.add_argument("--tasks-dir", required=True, help="folder with <task>/task.json (swiftkv bigbench extract)")
+    p.add_argument("--tasks", nargs="+", required=True)
+    p.add_argument("--selection-examples", type=int, default=None, help="examples per task in the selection split")
+    p.add_argument("--report-examples", type=int, default=None, help="examples per task in the report split")
+    p.add_argument("--output", "-o", required=True, help="output folder (manifest.json, selection/, report/)")
+    p.set_defaults(func=cmd_bigbench_build, output_kind="dir")
+
+    p = sub.add_parser("heldout-ppl-task", help="lm-eval perplexity task over held-out ShareGPT (chat template)")
+    p.add_argument("model", help="model whose tokenizer and chat template render the conversations")
+    p.add_argument("--resources", default=None)
+    p.add_argument("--documents", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=512, help="each conversation is cut to this many tokens")
+    p.add_argument("--conversations", type=int, default=0,
+                   help="also save the first N held-out conversations (conversations.jsonl) for swiftkv eval --heldout")
+    p.add_argument("--output", "-o", required=True, help="output folder (task YAML, JSONL, manifest.json)")
+    p.set_defaults(func=cmd_heldout_ppl_task, output_kind="dir")
+
+    p = sub.add_parser("eval", help="lm-eval tasks (+ teacher fidelity) for a base model or a SwiftKV checkpoint",
+                       description="Runs lm_eval.simple_evaluate with an HFLM over the loaded model (SwiftKV "
+                       "checkpoints as the student, prefill skip on) and saves the full result JSON with per-sample "
+                       "outputs; with --base also the fidelity to that teacher on held-out ShareGPT. dtype auto = "
+                       "bf16 where fast (CUDA, AVX512-BF16 CPUs), else fp32 (bf16 matmuls are ~60x slower on "
+                       "AVX2-only CPUs).")
+    add_model_args(p, dtype="auto")
+    p.add_argument("--base", default=None, help="the teacher (base model) for fidelity; omit for a base model itself")
+    p.add_argument("--tasks-json", default=None, help="JSON list of tasks ({name, metric, num_fewshot, chat_template,"
+                   " fewshot_as_multiturn, limit}) or {tasks: [...]} (e.g. the task selection)")
+    p.add_argument("--bigbench-manifest", default=None, help="run every task of this manifest on --bigbench-split")
+    p.add_argument("--bigbench-split", default="report", choices=["selection", "report"])
+    p.add_argument("--task", action="append", help="an lm-eval task name (repeatable)")
+    p.add_argument("--include-path", action="append", help="folder of task YAMLs (repeatable)")
+    p.add_argument("--kv-cache", default="native", choices=["native", "fp8"], help="fp8: FP8 per-token fake-quant cache")
+    p.add_argument("--teacher", action="store_true", help="evaluate a SwiftKV checkpoint as its teacher")
+    p.add_argument("--batch-size", type=int, default=16, help="contexts per forward")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
+    p.add_argument("--no-fidelity", action="store_true")
+    p.add_argument("--heldout", default=None, help="held-out conversations for fidelity (JSONL from heldout-ppl-task "
+                   "--conversations; default: the held-out ShareGPT split in hash order)")
+    p.add_argument("--fidelity-sequences", type=int, default=16)
+    p.add_argument("--fidelity-tokens", type=int, default=256)
+    p.add_argument("--fidelity-prompts", type=int, default=16)
+    p.add_argument("--fidelity-prompt-tokens", type=int, default=160)
+    p.add_argument("--fidelity-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--output-dir", required=True, help="writes lm_eval.json (with tasks) and fidelity.json (with "
+                   "--base or a base model, unless --no-fidelity); with fidelity on, the tasks may be left out")
+    p.add_argument("--lm-eval-name", default="lm_eval.json", type=_json_file_name,
+                   help="file name of the lm-eval result in --output-dir (default lm_eval.json)")
+    p.set_defaults(func=cmd_eval, output_kind="dir")
