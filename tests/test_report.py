@@ -5,9 +5,10 @@ import re
 import pandas as pd
 import pytest
 
-from analysis.report import (ABSENT, FAILS, HOLDS, UNCLEAR, Section, claim_degradation, claim_fp8, claim_kv_limit,
-                             claim_kv_memory, claim_sharegpt_ratio, claim_table1, claim_tpot, claim_ttft, claims,
-                             markdown_html, render_html, _pairwise)
+from analysis.report import Section, markdown_html, render_html
+from analysis.verdicts import (ABSENT, FAILS, HOLDS, UNCLEAR, claim_degradation, claim_fp8, claim_kv_limit,
+                               claim_kv_memory, claim_sharegpt_ratio, claim_table1, claim_tpot, claim_ttft, claims,
+                               _pairwise)
 
 
 def _acc_row(variant, delta, lo, hi, kl=(0.5, 0.45, 0.55), kv_cache="native", skip=0.5, ref="swiftkv-50"):

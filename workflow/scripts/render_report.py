@@ -6,8 +6,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.io import read_prefill_time
-from analysis.report import Section, claims, fill_caption, render_html
+from analysis.report import Section, fill_caption, render_html
 from analysis.serving import load_results
+from analysis.verdicts import claims
 from swiftkv.io import write_text
 from swiftkv.provenance import provenance
 
