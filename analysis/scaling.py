@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.accuracy import eval_path
 from analysis.io import read_json, save_figure, task_scores
 from analysis.stats import BootstrapSettings, macro_mean_ci, paired_difference_ci, paired_ratio_difference_ci, ratio_ci
 
@@ -48,8 +49,8 @@ def study_paths(study: dict) -> dict:
         "evals": {r: {p: f"{root}/{r}/eval-{p}/native" for p in study.get("accuracy_at", ["smallest", "largest"])}
                   for r in names},
         "checks": {int(t): f"{root}/{study['check']['run']}/check-{t}" for t in study["check"]["budgets"]},
-        "base": f"results/eval/{model}/base/native/lm_eval.json",
-        "tasks": f"results/eval/{model}/tasks.json",
+        "base": eval_path(model, "base", "native", "lm_eval.json"),
+        "tasks": eval_path(model, "tasks.json"),
     }
 
 

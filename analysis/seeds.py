@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.accuracy import teacher_forced
+from analysis.accuracy import eval_path, teacher_forced
 from analysis.distill import SUMMARY_FILE
 from analysis.io import read_json, task_scores
 from analysis.stats import BootstrapSettings, hierarchical_difference_ci
@@ -65,7 +65,7 @@ def seed_runs(model: str, variants: list[str], seeds: list[int], profile_seed: i
     for variant in variants:
         for seed in seeds if trained[variant] else [None]:
             own = seed is None or seed == profile_seed
-            d = f"results/eval/{model}/{variant}/native" if own else f"results/seeds/{model}/{variant}/seed-{seed}/native"
+            d = eval_path(model, variant, "native") if own else f"results/seeds/{model}/{variant}/seed-{seed}/native"
             runs.append({"variant": variant, "seed": seed, "lm_eval": f"{d}/lm_eval.json",
                          "fidelity": f"{d}/fidelity.json",
                          "checkpoint": None if seed is None else checkpoint_path(model, variant, seed, profile_seed)})
@@ -165,11 +165,11 @@ def seeds_from_raw(raw: str | Path, models: list[dict], reference: dict[str, str
     frames = []
     for spec in models:
         model = spec["model"]
-        with open(at(f"results/eval/{model}/tasks.json")) as f:
+        with open(at(eval_path(model, "tasks.json"))) as f:
             tasks = json.load(f)["tasks"]
         runs = [SeedRun(model, r["variant"], r["seed"], at(r["lm_eval"]), at(r["fidelity"]), at(r["checkpoint"]))
                 for r in spec["runs"]]
-        base = SeedRun(model, "base", None, at(f"results/eval/{model}/base/native/lm_eval.json"))
+        base = SeedRun(model, "base", None, at(eval_path(model, "base", "native", "lm_eval.json")))
         frames.append(build_seeds_table(runs, base, tasks, reference, settings))
     return pd.concat(frames, ignore_index=True)
 

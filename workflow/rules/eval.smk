@@ -29,12 +29,12 @@ def eval_target(wildcards):
     seed = getattr(wildcards, "seed", None)
     if seed is not None:  # a seeds-study student (workflow/rules/seeds.smk)
         return seed_checkpoint(wildcards.model, wildcards.variant, int(seed))
-    return f"results/checkpoints/{wildcards.model}/{wildcards.variant}"
+    return f"results/checkpoints/{wildcards.model}/{wildcards.variant}"  # rule distill_swiftkv's output
 
 
 def eval_inputs(wildcards):
     """The benchmark tasks' evaluation: the model (and checkpoint), the task list and the BIG-bench task files."""
-    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json"}
+    inputs = {"model": model_input(wildcards), "tasks": eval_path(wildcards.model, "tasks.json")}
     if wildcards.variant != "base":
         inputs["checkpoint"] = eval_target(wildcards)
     if EVAL["suite"] == "bigbench":
@@ -68,8 +68,6 @@ def table_rows(wildcards):
 
 
 def table_inputs(wildcards):
-    from analysis.accuracy import eval_path  # the same paths make_table reads back from reports/raw/<table>
-
     rows = table_rows(wildcards)
     return {
         "lm_eval": [eval_path(r["model"], r["variant"], r["kv_cache"], "lm_eval.json") for r in rows],

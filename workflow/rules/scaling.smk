@@ -122,7 +122,7 @@ rule distill_scaling_check:
 
 
 def scaling_eval_inputs(wildcards):
-    inputs = {"model": model_input(wildcards), "tasks": f"results/eval/{wildcards.model}/tasks.json",
+    inputs = {"model": model_input(wildcards), "tasks": eval_path(wildcards.model, "tasks.json"),
               "checkpoint": f"results/budget_scaling/{wildcards.model}/{wildcards.run}/{wildcards.point}"}
     if EVAL["suite"] == "bigbench":
         inputs["bigbench"] = "results/tasks/bigbench"

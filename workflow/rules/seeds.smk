@@ -34,8 +34,8 @@ def seeds_inputs(wildcards):
             inputs["fidelity"].append(run["fidelity"])
             if run["checkpoint"]:
                 inputs["checkpoints"].append(run["checkpoint"])
-        inputs["base"].append(f"results/eval/{model}/base/native/lm_eval.json")
-        inputs["tasks"].append(f"results/eval/{model}/tasks.json")
+        inputs["base"].append(eval_path(model, "base", "native", "lm_eval.json"))
+        inputs["tasks"].append(eval_path(model, "tasks.json"))
     return inputs
 
 
