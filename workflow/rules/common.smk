@@ -11,6 +11,11 @@ from analysis.accuracy import eval_path  # where an evaluation lives under resul
 MODELS = {m["id"]: m for m in config["models"]}
 
 
+def output_dir(wildcards, output):
+    """params function: the folder of a rule's first output (for commands that take a folder and name the files)."""
+    return str(Path(output[0]).parent)
+
+
 def _all_cores():
     """Every core snakemake was given; 1 when it was given none (--unlock, --list-rules, ...), where no job runs."""
     try:

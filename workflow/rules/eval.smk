@@ -85,8 +85,10 @@ rule fetch_bigbench:
         BIGBENCH_SDIST,
     log:
         "logs/fetch_bigbench/bigbench.log",
+    params:
+        dest=output_dir,
     shell:
-        "swiftkv bigbench fetch --dest $(dirname {output}) > {log} 2>&1"
+        "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1"
 
 
 rule extract_bigbench_tasks:
@@ -147,13 +149,14 @@ if EVAL["suite"] == "bigbench":
         benchmark:
             "benchmarks/eval_selection_split/{model}.tsv"
         params:
+            outdir=output_dir,
             source=model_source,
             batch=EVAL["batch_size"],
         threads: ALL_CORES
         shell:
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
             " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {DTYPE} --threads {threads}"
-            " --output-dir $(dirname {output}) > {log} 2>&1"
+            " --output-dir {params.outdir} > {log} 2>&1"
 
     rule select_bigbench_tasks:
         input:
@@ -190,14 +193,14 @@ else:
 EVAL_SHELL = (
     "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
     " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {DTYPE}"
-    " --threads {threads} --output-dir $(dirname {output.lm_eval}) > {log} 2>&1"
+    " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
 )
 # ... and the held-out measures: fidelity to the base model (fidelity.json) and, where a table reports it, ShareGPT
 # bits per byte (heldout.json, lm-eval's rolling log-likelihood; params.ppl empty: fidelity only).
 HELDOUT_SHELL = (
     "swiftkv eval {params.target} --base {params.base} {params.ppl} --heldout {input.ppl}/conversations.jsonl"
     " --kv-cache {wildcards.kvcache} {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
-    " --threads {threads} --output-dir $(dirname {output.fidelity}) --lm-eval-name heldout.json > {log} 2>&1"
+    " --threads {threads} --output-dir {params.outdir} --lm-eval-name heldout.json > {log} 2>&1"
 )
 
 
@@ -217,6 +220,7 @@ rule eval_swiftkv:
     benchmark:
         "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
+        outdir=output_dir,
         target=eval_target,
         base=model_source,
         include=eval_include_args,
@@ -237,6 +241,7 @@ rule heldout_swiftkv:
     benchmark:
         "benchmarks/heldout_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
+        outdir=output_dir,
         target=eval_target,
         base=model_source,
         ppl=heldout_ppl_args,

@@ -76,6 +76,7 @@ rule eval_swiftkv_seed:
     benchmark:
         "benchmarks/eval_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
+        outdir=output_dir,
         target=eval_target,
         base=model_source,
         include=eval_include_args,
@@ -95,6 +96,7 @@ rule fidelity_swiftkv_seed:
     benchmark:
         "benchmarks/fidelity_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
+        outdir=output_dir,
         target=eval_target,
         base=model_source,
         ppl="",  # seeds.csv reads no bits per byte
