@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from swiftkv.bench import PrefillBench, bench_prefill
+from swiftkv.bench.speed import PrefillBench, bench_prefill
 from swiftkv.cli import main
 from swiftkv.flops import prefill_flops
 from tests.conftest import tiny_base

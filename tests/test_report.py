@@ -6,9 +6,22 @@ import pandas as pd
 import pytest
 
 from analysis.report import Section, markdown_html, render_html
-from analysis.verdicts import (ABSENT, FAILS, HOLDS, UNCLEAR, claim_degradation, claim_fp8, claim_kv_limit,
-                               claim_kv_memory, claim_sharegpt_ratio, claim_table1, claim_tpot, claim_ttft, claims,
-                               _pairwise)
+from analysis.verdicts import (
+    ABSENT,
+    FAILS,
+    HOLDS,
+    UNCLEAR,
+    _pairwise,
+    claim_degradation,
+    claim_fp8,
+    claim_kv_limit,
+    claim_kv_memory,
+    claim_sharegpt_ratio,
+    claim_table1,
+    claim_tpot,
+    claim_ttft,
+    claims,
+)
 
 
 def _acc_row(variant, delta, lo, hi, kl=(0.5, 0.45, 0.55), kv_cache="native", skip=0.5, ref="swiftkv-50"):
@@ -205,7 +218,7 @@ def test_page_tables_drop_repeated_and_empty_columns_and_fill_captions(tmp_path)
 def test_artifact_dates_list_each_output_but_the_provenance_file(tmp_path):
     import os
 
-    from swiftkv.provenance import artifact_dates
+    from swiftkv.bench.provenance import artifact_dates
 
     (tmp_path / "table2.csv").write_text("a\n1\n")
     (tmp_path / "figure.png").write_bytes(b"x")
@@ -218,7 +231,7 @@ def test_artifact_dates_list_each_output_but_the_provenance_file(tmp_path):
 
 def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
     from analysis.report import provenance_html
-    from swiftkv.provenance import job_times, provenance
+    from swiftkv.bench.provenance import job_times, provenance
 
     header = "s\th:m:s\tmax_rss\n"
     for rel, sec in [("distill_swiftkv/m/a.tsv", "600.0"), ("distill_swiftkv/m/b.tsv", "300.0"),
@@ -240,7 +253,7 @@ def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
 def test_git_commit_is_dirty_for_code_changes_not_for_rewritten_reports(tmp_path):
     import subprocess
 
-    from swiftkv.provenance import git_commit
+    from swiftkv.bench.provenance import git_commit
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,

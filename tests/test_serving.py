@@ -17,14 +17,14 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from swiftkv.bench.serving.hf import HFEngine, HFSettings
+from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
+from swiftkv.bench.serving.variants import parse_variant, parse_variants
+from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings, process_group
+from swiftkv.bench.serving.workloads import poisson_arrivals, random_prompts, select_sharegpt
 from swiftkv.cache import expected_cache_bytes
 from swiftkv.data import Conversation
 from swiftkv.errors import SwiftKVError
-from swiftkv.serving.hf import HFEngine, HFSettings
-from swiftkv.serving.memory import PeakMemory, large_allocations_unpooled
-from swiftkv.serving.variants import parse_variant, parse_variants
-from swiftkv.serving.vllm import VllmEngine, VllmSettings, process_group
-from swiftkv.serving.workloads import poisson_arrivals, random_prompts, select_sharegpt
 from tests.conftest import tiny_base
 
 FAKE_VLLM = [sys.executable, str(Path(__file__).with_name("fake_vllm.py"))]
@@ -204,7 +204,7 @@ def test_peak_memory_sees_a_large_allocation():
 @pytest.fixture
 def stand_in_flops(monkeypatch):
     """A private stand-in for swiftkv.flops (the analysis issue owns the real one): FLOPs counted in layers."""
-    from swiftkv.serving import predict
+    from swiftkv.bench.serving import predict
 
     def prefill_flops(config, num_tokens, num_key_value_layers=None, key_value_group_size=1, logits_to_keep=1):
         L = config.num_hidden_layers
@@ -223,7 +223,7 @@ def stand_in_flops(monkeypatch):
 
 
 def test_predicted_speedup_grows_with_input_output_ratio(stand_in_flops):
-    from swiftkv.serving.predict import predicted_speedup
+    from swiftkv.bench.serving.predict import predicted_speedup
 
     cfg = types.SimpleNamespace(num_hidden_layers=30)
     assert predicted_speedup(cfg, [(100, 10)], None) == 1.0
@@ -429,7 +429,7 @@ def test_serving_dag_dry_run(profile, tmp_path):
 
 
 def test_vllm_kv_capacity_is_read_from_the_engine_log(tmp_path):
-    from swiftkv.serving.vllm import kv_capacity
+    from swiftkv.bench.serving.vllm import kv_capacity
 
     log = tmp_path / "run0.log"
     log.write_text("(EngineCore pid=1) INFO 11-30 05:51:55 [kv_cache_utils.py:2327] CPU KV cache size: 6,272 tokens, "

@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
+from swiftkv.bench.vllm_throughput import swiftkv_layout, vllm_python
 from swiftkv.configuration import LlamaSwiftKVConfig
 from swiftkv.errors import SwiftKVError
-from swiftkv.vllm_bench import swiftkv_layout, vllm_python
 from swiftkv.vllm_plugin import ARCHITECTURES, supported_vllm, unsupported_vllm_message
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_layout_of_model_dirs(tmp_path):
 
 
 def test_engine_capacity_line_is_parsed():
-    from swiftkv.vllm_bench import KV_CACHE_LINE
+    from swiftkv.bench.vllm_throughput import KV_CACHE_LINE
 
     line = "(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 21,354 tokens, Maximum concurrency " \
            "for 1,056 tokens per request: 20.22x"
@@ -197,9 +197,8 @@ def test_acrosskv_cache_holds_more_tokens(engine_runs):
 def test_tiny_random_family_matches_transformers(tmp_path, family, teacher):
     """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
     and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
-    from tests.conftest import random_ids, tiny_base
-
     from swiftkv import convert_to_swiftkv
+    from tests.conftest import random_ids, tiny_base
 
     python = _vllm_python_or_skip()
     # head_dim 32: the smallest the CPU attention backend runs

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+import swiftkv.bench.serving.vllm
 import swiftkv.configuration
-import swiftkv.serving.vllm
-from swiftkv.serving.variants import parse_variants
-from swiftkv.serving.vllm import VllmEngine, VllmSettings
+from swiftkv.bench.serving.variants import parse_variants
+from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
 from swiftkv.vllm_plugin import ARCHITECTURES, arctic_selected, register
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def _rule_variants(profile: str, target: str, tmp_path) -> tuple[str, list[str]]
      {"base": "", "swiftkv-50": "swiftkv", "swiftkv-50-acrosskv-3": "swiftkv"}),
 ])
 def test_every_variant_engine_gets_explicit_plugins(profile, engine, model, expected, tmp_path, monkeypatch):
-    monkeypatch.setattr(swiftkv.serving.vllm, "_model_config", lambda model: None)  # no hub, no checkpoints here
+    monkeypatch.setattr(swiftkv.bench.serving.vllm, "_model_config", lambda model: None)  # no hub, no checkpoints here
     monkeypatch.setenv("VLLM_PLUGINS", "swiftkv,arctic_inference")  # what this shell exports does not leak in
     monkeypatch.setenv("ARCTIC_INFERENCE_ENABLED", "1")
     source, variants = _rule_variants(profile, f"results/bench/serve/{engine}/{model}/throughput.json", tmp_path)

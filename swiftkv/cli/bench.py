@@ -18,7 +18,7 @@ from swiftkv.errors import SwiftKVError
 def cmd_bench_prefill(args) -> None:
     import torch
 
-    from swiftkv.bench import PrefillBench, bench_prefill
+    from swiftkv.bench.speed import PrefillBench, bench_prefill
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
 
@@ -26,7 +26,7 @@ def cmd_bench_prefill(args) -> None:
         torch.set_num_threads(args.threads)
     args.device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, args.device)
-    from swiftkv.serving.models import is_config_file
+    from swiftkv.bench.serving.models import is_config_file
 
     if args.random_weights or is_config_file(args.model):  # timing only: a config is enough, no weights or hub
         from transformers import AutoModelForCausalLM
@@ -61,9 +61,9 @@ def cmd_bench_prefill(args) -> None:
 def cmd_bench_vllm(args) -> None:
     from pathlib import Path
 
+    from swiftkv.bench.vllm_throughput import ThroughputBench, bench_vllm_throughput, vllm_python
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import resolve_model
-    from swiftkv.vllm_bench import ThroughputBench, bench_vllm_throughput, vllm_python
 
     models = {}
     for item in args.models:
@@ -88,7 +88,7 @@ def cmd_bench_vllm(args) -> None:
 def cmd_bench_distill(args) -> None:
     import torch
 
-    from swiftkv.bench import DistillBench, bench_distill
+    from swiftkv.bench.speed import DistillBench, bench_distill
     from swiftkv.data import collate_packs, load_conversations, pack_conversations, split_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
@@ -99,7 +99,7 @@ def cmd_bench_distill(args) -> None:
     if args.random_weights:  # a config file (e.g. config/models/*.json): random weights, random packed rows
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from swiftkv.bench import random_packed_batches
+        from swiftkv.bench.speed import random_packed_batches
 
         config = AutoConfig.from_pretrained(args.model)
         torch.manual_seed(args.seed)
@@ -127,7 +127,7 @@ def cmd_bench_distill(args) -> None:
 
 
 def cmd_bench_serve(args) -> None:
-    from swiftkv.serving.run import ServeRequest, bench_serve
+    from swiftkv.bench.serving.run import ServeRequest, bench_serve
 
     result = bench_serve(ServeRequest.from_options(args))
     for row in result["results"]:
@@ -150,9 +150,9 @@ def cmd_bench_serve(args) -> None:
 def cmd_bench_sharegpt_requests(args) -> None:
     from transformers import AutoTokenizer
 
+    from swiftkv.bench.serving.workloads import select_sharegpt
     from swiftkv.io import write_json
     from swiftkv.loading import resolve_model
-    from swiftkv.serving.workloads import select_sharegpt
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
     selection = select_sharegpt(tokenizer, args.min_ratios, args.num_requests, args.max_input_len,
@@ -167,7 +167,7 @@ def cmd_bench_sharegpt_requests(args) -> None:
 
 def add_parsers(bench) -> None:
     """The benchmark commands' parsers on the ``swiftkv bench`` subparsers ``bench``."""
-    from swiftkv.serving import ENGINES, STUDIES
+    from swiftkv.bench.serving import ENGINES, STUDIES
 
     p = bench.add_parser("prefill", help="prefill forward time: base vs SwiftKV at several l, same process",
                          description="Times one prefill (prompt -> next-token logits, cache on) of the base model and "

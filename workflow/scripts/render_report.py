@@ -9,8 +9,8 @@ from analysis.io import read_prefill_time
 from analysis.report import Section, fill_caption, render_html
 from analysis.serving import load_results
 from analysis.verdicts import claims
+from swiftkv.bench.provenance import provenance
 from swiftkv.io import write_text
-from swiftkv.provenance import provenance
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821

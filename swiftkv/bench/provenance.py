@@ -37,7 +37,7 @@ def versions(packages=PACKAGES) -> dict[str, str]:
 def provenance(profile: str, config_hash: str, repo: str | Path = ".", extra: dict | None = None,
                benchmarks: str | Path = "benchmarks") -> dict:
     """One flat dict, in the order a reader wants it; ends with the run's job wall time (``job_times(benchmarks)``)."""
-    from swiftkv.serving.run import machine
+    from swiftkv.bench.serving.run import machine
 
     hw = machine("cuda" if _cuda() else "cpu")
     info = {

@@ -29,8 +29,9 @@ def load_bench_model(name: str, dtype: torch.dtype, device: str = "cpu", resourc
     """(model, tokenizer or None) on ``device``; a ``*.json`` config gives random weights and no tokenizer."""
     check_device(device)
     if is_config_file(name):
-        import swiftkv  # noqa: F401  (SwiftKV configs load too)
         from transformers import AutoConfig, AutoModelForCausalLM
+
+        import swiftkv  # noqa: F401  (SwiftKV configs load too)
 
         config = AutoConfig.from_pretrained(name)
         torch.manual_seed(seed)

@@ -23,14 +23,14 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
-from swiftkv.bench import summarize
+from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
+from swiftkv.bench.serving.predict import predicted_speedup
+from swiftkv.bench.serving.variants import VariantSpec
+from swiftkv.bench.serving.workloads import Request, poisson_arrivals, random_prompts, workload_stats
+from swiftkv.bench.speed import summarize
 from swiftkv.cache import cache_bytes, expected_cache_bytes
 from swiftkv.convert import convert_to_swiftkv
 from swiftkv.errors import SwiftKVError
-from swiftkv.serving.memory import PeakMemory, large_allocations_unpooled
-from swiftkv.serving.predict import predicted_speedup
-from swiftkv.serving.variants import VariantSpec
-from swiftkv.serving.workloads import Request, poisson_arrivals, random_prompts, workload_stats
 
 logger = logging.getLogger(__name__)
 

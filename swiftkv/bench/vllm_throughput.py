@@ -140,7 +140,7 @@ def bench_vllm_throughput(models: dict[str, str], settings: ThroughputBench, pyt
             "kv_cache_max_concurrency": rs[0]["kv_cache_max_concurrency"],
             "runs": rs,
         })
-    from swiftkv.bench import hardware
+    from swiftkv.bench.speed import hardware
 
     return {"benchmark": "vllm_throughput", "baseline": baseline, "settings": asdict(settings),
             "vllm_python": str(python), "hardware": hardware(), "python": sys.version.split()[0], "results": rows}

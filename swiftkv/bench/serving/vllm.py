@@ -35,11 +35,11 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swiftkv.bench.serving.predict import predicted_speedup
+from swiftkv.bench.serving.variants import VariantSpec
+from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
+from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
 from swiftkv.errors import SwiftKVError
-from swiftkv.serving.predict import predicted_speedup
-from swiftkv.serving.variants import VariantSpec
-from swiftkv.serving.workloads import Request, workload_stats, write_vllm_sharegpt
-from swiftkv.vllm_bench import kv_capacity as kv_capacity_of_text
 from swiftkv.vllm_plugin import ARCHITECTURES, ARCTIC_PLUGIN, PLUGIN_NAME, arctic_selected
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from swiftkv.bench.serving.variants import parse_variants
 from swiftkv.errors import SwiftKVError
 from swiftkv.io import open_output_dir, write_json
-from swiftkv.serving.variants import parse_variants
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class ServeRequest:
     engine: str  # hf | vllm
     study: str  # throughput | latency | kv-limit | sharegpt
     output: str  # the result JSON
-    variant: list[str] | None = None  # variant specs (swiftkv.serving.variants.parse_variants)
+    variant: list[str] | None = None  # variant specs (swiftkv.bench.serving.variants.parse_variants)
     input_lens: list[int] = field(default_factory=lambda: [1024])
     output_len: int = 64
     num_requests: int = 4
@@ -69,7 +69,7 @@ def hardware_label(hw: dict, device: str) -> str:
 def machine(device: str) -> dict:
     import torch
 
-    from swiftkv.bench import hardware
+    from swiftkv.bench.speed import hardware
 
     hw = hardware()
     hw["cpu_isa"] = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)()
@@ -116,7 +116,7 @@ def _study(engine, request: ServeRequest, filters):
 
 def bench_serve(request: ServeRequest) -> dict:
     """Run one study on one engine and write the result JSON (also when the engine cannot run here)."""
-    from swiftkv.serving.workloads import load_selection
+    from swiftkv.bench.serving.workloads import load_selection
 
     _check_request(request)
     specs = parse_variants(request.variant)
@@ -138,8 +138,8 @@ def _run_hf(request: ServeRequest, specs, filters) -> dict:
     import torch
     import transformers
 
-    from swiftkv.serving.hf import HFEngine, HFSettings, settings_dict
-    from swiftkv.serving.models import load_bench_model
+    from swiftkv.bench.serving.hf import HFEngine, HFSettings, settings_dict
+    from swiftkv.bench.serving.models import load_bench_model
     from swiftkv.device import resolve_dtype
 
     if request.device.startswith("cuda") and not torch.cuda.is_available():
@@ -166,10 +166,10 @@ def _run_hf(request: ServeRequest, specs, filters) -> dict:
 def _run_vllm(request: ServeRequest, specs, filters) -> dict:
     import shlex
 
+    from swiftkv.bench.serving.models import is_config_file
+    from swiftkv.bench.serving.vllm import Unavailable, VllmEngine, VllmSettings, settings_dict
     from swiftkv.device import fast_dtype
     from swiftkv.loading import resolve_model
-    from swiftkv.serving.models import is_config_file
-    from swiftkv.serving.vllm import Unavailable, VllmEngine, VllmSettings, settings_dict
 
     if is_config_file(request.model):
         raise SwiftKVError("vLLM needs a model directory or hub id, not a config JSON (random weights are hf-only)")
