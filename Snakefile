@@ -20,7 +20,6 @@ validate(config, "workflow/schemas/config.schema.yaml")  # (after that check: Sn
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
-include: "workflow/rules/bench.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/distill.smk"
 include: "workflow/rules/eval.smk"
@@ -32,7 +31,6 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        expand("results/bench/prefill/{model}.json", model=config["bench_prefill"]["models"]),
         "reports/table1.csv",
         "reports/table_kv_memory.csv",
         "reports/figure2_simscore.png",
