@@ -54,6 +54,7 @@ rule render_report:
     input:
         **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
         registry="reports/claims.csv",
+        captions=sorted({caption for _, _, caption in report_sections()}),  # read by the script: declared
         prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
         serve=serve_results("throughput"),
         latency=serve_results("latency"),

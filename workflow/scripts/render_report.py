@@ -15,7 +15,7 @@ from swiftkv.io import write_text
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821
 paths = {name: inp[name] for name in inp.keys()  # noqa: SIM118 (snakemake's Namedlist)
-         if isinstance(inp[name], str) and name not in ("registry", "vllm_env")}
+         if isinstance(inp[name], str) and name not in ("registry", "vllm_env", "captions")}
 prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
 serve = load_results(inp.serve) if inp.serve else None
 latency = load_results(inp.latency) if inp.latency else None
