@@ -7,7 +7,6 @@ pandas and matplotlib only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -16,18 +15,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.io import save_figure  # noqa: E402
+from analysis.io import read_json, save_figure  # noqa: E402
 
 ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 NOT_MEASURED = "not measured here"
 
 
+def load_raw(raw: str | Path, sources: list[str]) -> pd.DataFrame:
+    """``load_results`` of the serving results ``sources`` (``results/bench/serve/...`` paths) as collected in the
+    raw folder ``raw`` (``reports/raw/serving/<study>``, analysis.raw)."""
+    from analysis.raw import raw_path
+
+    return load_results([raw_path(raw, s) for s in sources])
+
+
 def load_results(paths) -> pd.DataFrame:
     """One row per (result row) of every JSON, with the run's engine, hardware and status as columns."""
     frames = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path)
         hw = data.get("hardware", {})
         version = data.get("engine_version") or data["engine"]
         engine = ENGINE_NAMES.get(data["engine"], "{version}").format(version=version.replace("vllm ", ""))

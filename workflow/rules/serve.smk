@@ -191,45 +191,70 @@ def serve_results(study):
                   model=SERVE.get("models", []), study=study)
 
 
+# The serving results behind a study's figure or table, committed as reports/raw/serving/<study> with a manifest
+# (analysis/raw.py), so that the figure, the table and the claims they decide are re-derived from a clone.
+rule raw_serving:
+    input:
+        lambda w: serve_results(w.study),
+    output:
+        directory("reports/raw/serving/{study}"),
+    wildcard_constraints:
+        study="|".join(SERVE_STUDIES),
+    log:
+        "logs/raw_serving/{study}.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
 rule plot_figure3:
     input:
-        serve_results("throughput"),
+        raw="reports/raw/serving/throughput",
     output:
         report("reports/figure3_throughput.png", caption="../report/figure3_throughput.rst", category="Serving"),
     log:
         "logs/plot_figure3.log",
+    params:
+        sources=serve_results("throughput"),
     script:
         "../scripts/plot_figure3.py"
 
 
 rule plot_figure4:
     input:
-        serve_results("latency"),
+        raw="reports/raw/serving/latency",
     output:
         report("reports/figure4_latency.png", caption="../report/figure4_latency.rst", category="Serving"),
     log:
         "logs/plot_figure4.log",
+    params:
+        sources=serve_results("latency"),
     script:
         "../scripts/plot_figure4.py"
 
 
 rule make_table3:
     input:
-        serve_results("kv-limit"),
+        raw="reports/raw/serving/kv-limit",
     output:
         report("reports/table3.csv", caption="../report/table3.rst", category="Serving"),
     log:
         "logs/make_table3.log",
+    params:
+        sources=serve_results("kv-limit"),
     script:
         "../scripts/make_table3.py"
 
 
 rule make_table_a3:
     input:
-        serve_results("sharegpt"),
+        raw="reports/raw/serving/sharegpt",
     output:
         report("reports/tableA3.csv", caption="../report/tableA3.rst", category="Serving"),
     log:
         "logs/make_table_a3.log",
+    params:
+        sources=serve_results("sharegpt"),
     script:
         "../scripts/make_table_a3.py"
