@@ -1,34 +1,8 @@
-"""Distil a SwiftKV student from its own teacher (paper §3.3), on accelerate.
-
-One model plays both parts. Per step:
-
-1. layers ``< l`` run ONCE, without autograd (nothing there trains): their output ``h_l`` is identical for teacher
-   and student;
-2. teacher: layers ``>= l`` the original way (``run_layers``) on ``h_l``, under ``no_grad``;
-3. student: the SwiftKV K/V from ``norm_swiftkv(h_l)`` and the SwiftKV layers ``>= l`` on ``h_l``, with autograd;
-4. loss on the final hidden states through the frozen LM head, chunked over positions (``swiftkv.losses``):
-   ``kl`` = T^2 * KL(teacher_T || student_T) (default, T = 2), ``lm`` = cross-entropy of the next token,
-   ``kl+hidden`` = ``kl`` + w * MSE of the hidden state entering the last layer (the reference's later addition).
-
-Scope ``partial`` trains ``norm_swiftkv`` and the ``*_swiftkv`` projections (teacher weights untouched, so the
-teacher is the model itself with SwiftKV off); ``full`` also trains every student-used parameter of layers ``>= l``,
-so the teacher's layers ``>= l`` are kept as a frozen copy.
-
-Data: whole conversations rendered with the chat template, packed into rows of at most ``max_length`` tokens with
-position ids restarting per conversation; transformers builds the attention-separated mask from those position
-ids (no attention crosses conversations). By default the loss covers every real token of a pack (the paper's loss
-and the early-2025 reference trainer's), not only the assistant's: the student must match the teacher wherever it
-will be run, and prompts are most of what SwiftKV serves. ``loss_positions="assistant"`` is Snowflake's current
-recipe: the KL over assistant tokens only, averaged over all positions.
-
-With a teacher cache (``swiftkv.teacher_cache``) steps 1-2 come from disk: the packed data, h_l and the teacher's
-final hidden states were computed once for every variant, and a step runs only 3-4.
-"""
+"""The training loop: run log, checkpoints and resume, the warmup-stable-decay plan, the teacher cache, ``train``."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -38,330 +12,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from swiftkv.data import HELDOUT_SEED
+from swiftkv.distill.batches import HeldOut, prepare_data
+from swiftkv.distill.pair import DistillModel, build_student, compute_loss, trainable_parameters
+from swiftkv.distill.settings import CHECKPOINT_FILE, LOG_FILE, SUMMARY_FILE, DistillSettings
 from swiftkv.errors import SwiftKVError
-from swiftkv.losses import distill_kl, eval_metrics, lm_cross_entropy
 
 logger = logging.getLogger(__name__)
-
-LOSSES = ("kl", "lm", "kl+hidden")
-SCOPES = ("partial", "full")
-LOSS_POSITIONS = ("all", "assistant")
-SCHEDULES = ("cosine", "wsd")
-CHECKPOINT_FILE = "checkpoint.pt"
-LOG_FILE = "train_log.jsonl"
-SUMMARY_FILE = "distill.json"
-
-
-@dataclass
-class DistillSettings:
-    """Everything that decides the trained weights (the paper's defaults), plus how often to evaluate and save."""
-
-    num_key_value_layers: int
-    key_value_group_size: int = 1
-    key_value_heads: int | None = None  # MQA student: KV heads of the SwiftKV K/V (None = unchanged)
-    loss: str = "kl"
-    loss_positions: str = "all"  # all real tokens, or only assistant tokens (averaged over all: Snowflake's recipe)
-    scope: str = "partial"
-    train: bool = True  # False: the "w/o distillation" row (converted student saved untrained)
-    temperature: float = 2.0
-    hidden_weight: float = 1.0  # weight of the hidden-state MSE in kl+hidden
-    lr: float = 3e-4
-    weight_decay: float = 0.05
-    warmup_ratio: float = 0.05
-    # lr schedule: cosine (the tables' runs: warmup_ratio, then cosine to 0) or wsd (warmup-stable-decay, the
-    # budget-scaling study: warmup_steps, then constant; at each of read_budgets a branch decays the lr linearly over
-    # the last decay_ratio of that budget's steps and is read there; the run's own budget is the largest one)
-    schedule: str = "cosine"
-    warmup_steps: int = 2
-    decay_ratio: float = 0.2
-    read_budgets: tuple[int, ...] = ()
-    max_grad_norm: float | None = 1.0
-    tokens: int = 100_000  # training token budget per epoch (real tokens, padding excluded); 0 = all the data
-    epochs: int = 1  # passes over the packed budget (the paper: 2), pack order reshuffled each epoch
-    max_length: int = 2048
-    batch_size: int = 1  # packs per step (per process)
-    seed: int = 0
-    data: str = "sharegpt"  # sharegpt (embedded) | hub (the paper's three datasets)
-    chunk_size: int = 1024  # positions per chunk of full-vocabulary logits
-    # evaluation and checkpoints (do not change the trained weights)
-    heldout_tokens: int = 4096
-    eval_every: int = 0  # steps; 0 = five evaluations over the run; -1 = none; always one before and one after
-    checkpoint_every: int = 0  # steps; 0 = ten checkpoints over the run
-
-    def validate(self) -> None:
-        if self.loss not in LOSSES:
-            raise SwiftKVError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
-        if self.scope not in SCOPES:
-            raise SwiftKVError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
-        if self.loss_positions not in LOSS_POSITIONS:
-            raise SwiftKVError(f"unknown loss positions {self.loss_positions!r}; use one of {', '.join(LOSS_POSITIONS)}")
-        if self.temperature <= 0:
-            raise SwiftKVError(f"temperature must be positive, got {self.temperature}")
-        if self.tokens < 0 or self.epochs < 1:
-            raise SwiftKVError(
-                f"token budget must be >= 0 (0 = all data) and epochs >= 1, got {self.tokens} and {self.epochs}"
-            )
-        if not 0 <= self.warmup_ratio < 1:
-            raise SwiftKVError(f"warmup ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.schedule not in SCHEDULES:
-            raise SwiftKVError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
-        if self.schedule == "wsd":
-            if not self.read_budgets or any(b <= 0 for b in self.read_budgets):
-                raise SwiftKVError("the wsd schedule needs --read-budgets: positive token budgets, e.g. 2048,4096")
-            if self.tokens != max(self.read_budgets):
-                raise SwiftKVError(f"with --read-budgets the token budget is the largest of them "
-                                   f"({max(self.read_budgets)}), got --tokens {self.tokens}")
-            if not 0 < self.decay_ratio <= 1 or self.warmup_steps < 0 or self.epochs != 1:
-                raise SwiftKVError("wsd needs 0 < decay ratio <= 1, warmup steps >= 0 and one epoch")
-        elif self.read_budgets:
-            raise SwiftKVError("--read-budgets needs --schedule wsd")
-        if self.batch_size < 1 or self.chunk_size < 1 or self.heldout_tokens < 0:
-            raise SwiftKVError("batch size and chunk size must be >= 1 and held-out tokens >= 0")
-
-    def fingerprint(self, model: str) -> str:
-        """Hash of what decides the weights (a checkpoint is resumed only by a run with the same fingerprint)."""
-        keep = {k: v for k, v in asdict(self).items() if k not in ("eval_every", "checkpoint_every", "heldout_tokens")}
-        if keep["loss_positions"] == "all":  # the default before the option existed: same fingerprint as then
-            del keep["loss_positions"]
-        if keep["schedule"] == "cosine":  # likewise: the wsd fields do not change a cosine run
-            for k in ("schedule", "warmup_steps", "decay_ratio", "read_budgets"):
-                del keep[k]
-        else:
-            del keep["warmup_ratio"]
-            keep["read_budgets"] = sorted(keep["read_budgets"])
-        return hashlib.sha256(json.dumps({"model": model, **keep}, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# -- teacher and student in one module --------------------------------------------------------------------------
-
-
-@dataclass
-class DistillOutput:
-    student: torch.Tensor  # B,S,H final (normed) hidden states of the student, with autograd
-    teacher: torch.Tensor  # B,S,H final (normed) hidden states of the teacher, no autograd
-    student_pre_last: torch.Tensor | None = None  # B,S,H stream entering the last layer (kl+hidden only)
-    teacher_pre_last: torch.Tensor | None = None
-
-
-class DistillModel(nn.Module):
-    """A SwiftKV model as teacher and student, sharing the layers below l. ``forward`` returns both final hidden
-    states; the LM head stays outside (the chunked losses apply it)."""
-
-    def __init__(self, model: nn.Module, scope: str = "partial", keep_pre_last: bool = False,
-                 teacher_cached: bool = False):
-        super().__init__()
-        self.model = model
-        self.keep_pre_last = keep_pre_last
-        cfg = model.config
-        self.l, self.L = cfg.num_key_value_layers, cfg.num_hidden_layers
-        # full scope trains the student's layers >= l: the teacher keeps a frozen copy of the originals (not needed
-        # when the teacher's outputs come from a teacher cache)
-        self.teacher_layers = None
-        if scope == "full" and not teacher_cached:
-            self.teacher_layers = nn.ModuleList(copy.deepcopy(model.model.layers[i]) for i in range(self.l, self.L))
-            self.teacher_layers.requires_grad_(False)
-
-    @property
-    def inner(self):
-        return self.model.model
-
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, boundary: torch.Tensor | None = None,
-                teacher: torch.Tensor | None = None, teacher_pre_last: torch.Tensor | None = None) -> DistillOutput:
-        """Both models on a batch; with ``boundary`` (h_l) and ``teacher`` from a teacher cache only the student's
-        layers >= l run (the masks and rotary embeddings still come from the batch's position ids)."""
-        if boundary is None:
-            state, boundary = self.prefix(input_ids, position_ids)
-            return self.upper(state, boundary)
-        state = self.inner.prepare_prefix(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        student, student_pre = self.student_upper(state, boundary)
-        return DistillOutput(student, teacher, student_pre, teacher_pre_last)
-
-    @torch.no_grad()
-    def prefix(self, input_ids, position_ids):
-        """Layers < l, once for both (no autograd: nothing there trains). Returns (PrefixState, h_l)."""
-        state = self.inner.prepare_prefix(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        return state, self.inner.run_layers(state, 0, self.l)
-
-    def upper(self, state, boundary: torch.Tensor) -> DistillOutput:
-        teacher, teacher_pre = self.teacher_upper(state, boundary)
-        student, student_pre = self.student_upper(state, boundary)
-        return DistillOutput(student, teacher, student_pre, teacher_pre)
-
-    @torch.no_grad()
-    def teacher_upper(self, state, boundary):
-        inner, hidden, pre_last = self.inner, boundary, None
-        layers = self.teacher_layers if self.teacher_layers is not None else inner.layers[self.l:]
-        for i, layer in zip(range(self.l, self.L), layers):
-            if i == self.L - 1:
-                pre_last = hidden
-            hidden = layer(
-                hidden,
-                attention_mask=state.masks[inner.layer_type(i)],
-                position_embeddings=state.position_embeddings,
-                position_ids=state.position_ids,
-                cache=None,
-                use_cache=False,
-            )
-        return inner.norm(hidden), pre_last
-
-    def student_upper(self, state, boundary):
-        inner, captured = self.inner, {}
-        hook = None
-        if self.keep_pre_last and self.l < self.L:
-            def grab(module, args, kwargs):
-                captured["h"] = args[0] if args else kwargs["hidden_states"]
-            hook = inner.layers[self.L - 1].register_forward_pre_hook(grab, with_kwargs=True)
-        try:
-            key_values = inner.swiftkv_key_values(boundary, state)
-            hidden = inner.run_swiftkv_layers(
-                boundary, key_values, state.masks, state.position_embeddings, state.position_ids
-            )
-        finally:
-            if hook is not None:
-                hook.remove()
-        return inner.norm(hidden), captured.get("h")
-
-
-def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: DistillSettings) -> torch.Tensor:
-    """Mean loss per counted position: every real token for kl / kl+hidden, tokens with a next token for lm.
-
-    ``loss_positions="assistant"`` (Snowflake's current recipe) sums the KL (or cross-entropy) over assistant tokens
-    only and still divides by every counted position; the hidden-state MSE stays over every position."""
-    every = batch["labels"] >= 0 if settings.loss == "lm" else batch["loss_mask"]
-    n = every.sum().clamp(min=1)
-    sel = every & batch["assistant_mask"] if settings.loss_positions == "assistant" else every
-    if settings.loss == "lm":
-        return lm_cross_entropy(out.student[sel], batch["labels"][sel], head, settings.chunk_size) / n
-    loss = distill_kl(out.student[sel], out.teacher[sel], head, settings.temperature, settings.chunk_size) / n
-    if settings.loss == "kl+hidden" and out.student_pre_last is not None:
-        loss = loss + settings.hidden_weight * F.mse_loss(
-            out.student_pre_last[every].float(), out.teacher_pre_last[every].float()
-        )
-    return loss
-
-
-# -- building the student -----------------------------------------------------------------------------------------
-
-
-def build_student(base_model, settings: DistillSettings):
-    """Convert the base model (reference init; MQA heads mean-pooled) and set what trains."""
-    from swiftkv.convert import convert_to_swiftkv, set_trainable
-
-    student = convert_to_swiftkv(
-        base_model, settings.num_key_value_layers, settings.key_value_group_size, settings.key_value_heads
-    )
-    if settings.scope == "full":
-        set_trainable(student, "full")
-        # the student never uses the teacher's q/k/v projections of layers >= l: keep them frozen (and original)
-        l = student.config.num_key_value_layers
-        for i in range(l, student.config.num_hidden_layers):
-            attn = student.model.layers[i].self_attn
-            for name in ("q_proj", "k_proj", "v_proj"):
-                getattr(attn, name).requires_grad_(False)
-    else:
-        set_trainable(student, "partial")
-    return student
-
-
-def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-# -- held-out evaluation ------------------------------------------------------------------------------------------
-
-
-class HeldOut:
-    """A fixed held-out sample: the shared prefix and the teacher's final hidden states are computed once (neither
-    changes during training), so each evaluation only runs the student's layers >= l and the head."""
-
-    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int):
-        self.pair, self.chunk_size, self.items = pair, chunk_size, []
-        with torch.no_grad():
-            for batch in batches:
-                if "boundary" in batch:  # from the teacher cache
-                    state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
-                                                      position_ids=batch["position_ids"], use_cache=False)
-                    boundary, teacher = batch["boundary"], batch["teacher"]
-                else:
-                    state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
-                    teacher, _ = pair.teacher_upper(state, boundary)
-                mask = batch["loss_mask"]
-                self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
-
-    @torch.no_grad()
-    def evaluate(self, per_row: bool = False) -> dict:
-        """Pooled held-out numbers; with ``per_row`` also each held-out batch's sums (``heldout_rows``: kl_sum,
-        top1_sum, positions), the unit a bootstrap over held-out rows resamples."""
-        if not self.items:
-            return {}
-        head = self.pair.model.get_output_embeddings()
-        total: dict[str, float] = {}
-        rows = []
-        for state, boundary, mask, teacher, labels in self.items:
-            student, _ = self.pair.student_upper(state, boundary)
-            sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
-            rows.append({k: sums[k] for k in ("kl_sum", "top1_sum", "positions")})
-            for k, v in sums.items():
-                total[k] = total.get(k, 0) + v
-        n, m = max(total["positions"], 1), max(total["labelled"], 1)
-        out = {
-            "heldout_kl": total["kl_sum"] / n,
-            "heldout_top1": total["top1_sum"] / n,
-            "heldout_student_nll": total["student_nll_sum"] / m,
-            "heldout_teacher_nll": total["teacher_nll_sum"] / m,
-            "heldout_tokens": int(total["positions"]),
-        }
-        if per_row:
-            out["heldout_rows"] = rows
-        return out
-
-
-# -- data --------------------------------------------------------------------------------------------------------
-
-
-def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):
-    """Training items for the token budget (seeded) and the fixed held-out items, with their reports. An item is a
-    pack and, with a teacher cache, the cache rows of its tokens (the packs then come from the cache's stream: no
-    conversation is read or rendered); without one, None."""
-    from swiftkv.data import PackReport, pack_conversations
-
-    train_report, heldout_report = PackReport(), PackReport()
-    train, heldout = [], []
-    if settings.train:
-        budget = settings.tokens or None
-        if cache is not None:
-            packs, train_report, rows = cache.packs("train", budget, settings.max_length)
-            train = list(zip(packs, rows))
-        else:
-            train = [(p, None) for p in pack_conversations(
-                train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report,
-                assistant_masks=settings.loss_positions == "assistant",
-            )]
-        if not train:
-            raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
-        if settings.epochs > 1:  # later epochs: the same packs in another order
-            import random
-
-            first = list(train)
-            for epoch in range(1, settings.epochs):
-                order = list(first)
-                random.Random(settings.seed + epoch).shuffle(order)
-                train += order
-    if settings.heldout_tokens and cache is not None:
-        packs, heldout_report, rows = cache.packs("heldout", settings.heldout_tokens, settings.max_length)
-        heldout = list(zip(packs, rows))
-    elif settings.heldout_tokens and heldout_conversations:
-        heldout = [(p, None) for p in pack_conversations(
-            heldout_conversations, tokenizer, settings.max_length, settings.heldout_tokens, HELDOUT_SEED, heldout_report
-        )]
-    return train, heldout, {"train": asdict(train_report), "heldout": asdict(heldout_report)}
-
-
-# -- checkpoints and log -----------------------------------------------------------------------------------------
 
 
 class RunLog:
@@ -408,9 +65,6 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
         logger.warning("ignoring %s: it was made with other settings; starting from the beginning", path)
         return None
     return payload
-
-
-# -- the training run --------------------------------------------------------------------------------------------
 
 
 class Interrupted(RuntimeError):
@@ -500,10 +154,10 @@ def train(
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from swiftkv.device import fast_dtype
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
     from swiftkv.data import collate_packs
+    from swiftkv.device import fast_dtype
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.teacher_cache import cached_batch
 

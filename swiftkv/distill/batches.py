@@ -1,0 +1,100 @@
+"""A run's data: packed training rows and the fixed held-out sample its KL is read on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from swiftkv.data import HELDOUT_SEED
+from swiftkv.distill.settings import DistillSettings
+from swiftkv.errors import SwiftKVError
+from swiftkv.losses import eval_metrics
+
+if TYPE_CHECKING:
+    from swiftkv.distill.pair import DistillModel
+
+
+class HeldOut:
+    """A fixed held-out sample: the shared prefix and the teacher's final hidden states are computed once (neither
+    changes during training), so each evaluation only runs the student's layers >= l and the head."""
+
+    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int):
+        self.pair, self.chunk_size, self.items = pair, chunk_size, []
+        with torch.no_grad():
+            for batch in batches:
+                if "boundary" in batch:  # from the teacher cache
+                    state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
+                                                      position_ids=batch["position_ids"], use_cache=False)
+                    boundary, teacher = batch["boundary"], batch["teacher"]
+                else:
+                    state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
+                    teacher, _ = pair.teacher_upper(state, boundary)
+                mask = batch["loss_mask"]
+                self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
+
+    @torch.no_grad()
+    def evaluate(self, per_row: bool = False) -> dict:
+        """Pooled held-out numbers; with ``per_row`` also each held-out batch's sums (``heldout_rows``: kl_sum,
+        top1_sum, positions), the unit a bootstrap over held-out rows resamples."""
+        if not self.items:
+            return {}
+        head = self.pair.model.get_output_embeddings()
+        total: dict[str, float] = {}
+        rows = []
+        for state, boundary, mask, teacher, labels in self.items:
+            student, _ = self.pair.student_upper(state, boundary)
+            sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
+            rows.append({k: sums[k] for k in ("kl_sum", "top1_sum", "positions")})
+            for k, v in sums.items():
+                total[k] = total.get(k, 0) + v
+        n, m = max(total["positions"], 1), max(total["labelled"], 1)
+        out = {
+            "heldout_kl": total["kl_sum"] / n,
+            "heldout_top1": total["top1_sum"] / n,
+            "heldout_student_nll": total["student_nll_sum"] / m,
+            "heldout_teacher_nll": total["teacher_nll_sum"] / m,
+            "heldout_tokens": int(total["positions"]),
+        }
+        if per_row:
+            out["heldout_rows"] = rows
+        return out
+
+
+def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):
+    """Training items for the token budget (seeded) and the fixed held-out items, with their reports. An item is a
+    pack and, with a teacher cache, the cache rows of its tokens (the packs then come from the cache's stream: no
+    conversation is read or rendered); without one, None."""
+    from swiftkv.data import PackReport, pack_conversations
+
+    train_report, heldout_report = PackReport(), PackReport()
+    train, heldout = [], []
+    if settings.train:
+        budget = settings.tokens or None
+        if cache is not None:
+            packs, train_report, rows = cache.packs("train", budget, settings.max_length)
+            train = list(zip(packs, rows))
+        else:
+            train = [(p, None) for p in pack_conversations(
+                train_conversations, tokenizer, settings.max_length, budget, settings.seed, train_report,
+                assistant_masks=settings.loss_positions == "assistant",
+            )]
+        if not train:
+            raise SwiftKVError("no training data: every conversation was skipped; check the data source and template")
+        if settings.epochs > 1:  # later epochs: the same packs in another order
+            import random
+
+            first = list(train)
+            for epoch in range(1, settings.epochs):
+                order = list(first)
+                random.Random(settings.seed + epoch).shuffle(order)
+                train += order
+    if settings.heldout_tokens and cache is not None:
+        packs, heldout_report, rows = cache.packs("heldout", settings.heldout_tokens, settings.max_length)
+        heldout = list(zip(packs, rows))
+    elif settings.heldout_tokens and heldout_conversations:
+        heldout = [(p, None) for p in pack_conversations(
+            heldout_conversations, tokenizer, settings.max_length, settings.heldout_tokens, HELDOUT_SEED, heldout_report
+        )]
+    return train, heldout, {"train": asdict(train_report), "heldout": asdict(heldout_report)}
