@@ -287,13 +287,6 @@ def summary_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def eval_path(model: str, *parts: str) -> str:
-    """Where an evaluation result lives under ``results/`` (``<variant>/<kv cache>/lm_eval.json``, ``heldout.json``
-    or ``fidelity.json``, or a model's ``tasks.json``): one spelling for the rules that write the tables' inputs and
-    for the analysis that reads them back from a raw folder."""
-    return "/".join(("results", "eval", model, *parts))
-
-
 def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: BootstrapSettings
                    ) -> tuple[pd.DataFrame, str]:
     """A table (DataFrame, markdown) from its committed raw folder (``reports/raw/<table>``, ``analysis.raw``).
@@ -301,7 +294,7 @@ def table_from_raw(table: str, raw: str | Path, rows: list[dict], settings: Boot
     ``rows``: one dict per table row (``model``, ``variant``, ``kv_cache``, ``spec``: its variants-sheet row), in
     table order; their evaluations are read where ``results/eval/<model>/<variant>/<kv_cache>/`` was collected."""
     from analysis.io import read_json
-    from analysis.raw import raw_path
+    from analysis.raw import eval_path, raw_path
 
     def at(model: str, *parts: str) -> Path:
         return raw_path(raw, eval_path(model, *parts))

@@ -32,6 +32,13 @@ def _tree(path: str, repo: str | Path = ".") -> str:
         return "unknown"
 
 
+def eval_path(model: str, *parts: str) -> str:
+    """Where an evaluation result lives under ``results/`` (``<variant>/<kv cache>/lm_eval.json``, ``heldout.json``
+    or ``fidelity.json``, or a model's ``tasks.json``): one spelling for the rules that write the tables' inputs and
+    for the analysis that reads them back from a raw folder (here, so that the workflow imports nothing heavy)."""
+    return "/".join(("results", "eval", model, *parts))
+
+
 def raw_path(root: str | Path, source: str | Path) -> Path:
     """Where ``results/<rel>`` lives in the raw folder ``root``."""
     return Path(root) / Path(source).relative_to("results")

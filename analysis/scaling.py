@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.accuracy import eval_path
 from analysis.io import read_json, save_figure, task_scores
+from analysis.raw import eval_path
 from analysis.stats import BootstrapSettings, macro_mean_ci, paired_difference_ci, paired_ratio_difference_ci, ratio_ci
 
 COLUMNS = ["kind", "claim", "run", "other", "budget", "tokens", "metric", "estimate", "lo", "hi", "verdict"]

