@@ -118,7 +118,7 @@ def test_the_study_runs_one_wsd_run_per_row_and_checks_with_cosine_runs():
     for c in wsd:
         assert "--read-budgets 256,512,1024" in c and "--tokens 1024" in c and "--save-at 256=" in c
         assert "--teacher-cache results/budget_scaling/smollm2-135m/teacher_cache" in c
-    assert "--tokens 512" in cosine[0] and "--variant swiftkv-50 " in cosine[0]
+    assert "--tokens 512" in cosine[0] and "--name swiftkv-50 " in cosine[0]
     cache = [line for line in lines if "swiftkv teacher-cache" in line and "budget_scaling" in line]
     assert len(cache) == 1 and "--tokens 1024" in cache[0] and "--heldout-tokens 512" in cache[0]
     evals = [line for line in lines if "swiftkv eval results/budget_scaling/" in line]

@@ -159,7 +159,7 @@ def test_seed_runs_are_the_tables_recipe_with_another_seed_and_cache():
     out = dry_run("reports/seeds.csv", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     cmds = [line for line in out.stdout.splitlines() if " distill smollm2-135m" in line and "/seed-1/" in line]
-    variants = sorted(c.split("--variant ")[1].split()[0] for c in cmds)
+    variants = sorted(c.split("--name ")[1].split()[0] for c in cmds)
     assert variants == ["swiftkv-50", "swiftkv-50-lm"]  # the untrained row has no seed run
     for c in cmds:
         assert "--seed 1" in c and "--teacher-cache results/teacher_cache/smollm2-135m/seed-1" in c
@@ -175,13 +175,13 @@ def test_lr_sweep_runs_and_lr_by_scope_reach_the_trainer(tmp_path):
     out = dry_run("reports/lr_sweep.csv", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     cmds = [line for line in out.stdout.splitlines() if " distill smollm2-135m" in line and "lr_sweep" in line]
-    assert sorted((c.split("--variant ")[1].split()[0], c.split("--lr ")[1].split()[0]) for c in cmds) == [
+    assert sorted((c.split("--name ")[1].split()[0], c.split("--lr ")[1].split()[0]) for c in cmds) == [
         ("swiftkv-50", "0.001"), ("swiftkv-50", "0.003"), ("swiftkv-50-full", "0.001"), ("swiftkv-50-full", "0.003")]
     (tmp_path / "c.yaml").write_text("distill:\n  lr_by_scope: {full: 3.0e-4}\n")
     out = dry_run("results/distill/summary.csv", "config/ci.yaml", str(tmp_path / "c.yaml"),
                   flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
-    lrs = {c.split("--variant ")[1].split()[0]: c.split("--lr ")[1].split()[0]
+    lrs = {c.split("--name ")[1].split()[0]: c.split("--lr ")[1].split()[0]
            for c in out.stdout.splitlines() if " distill smollm2-135m" in c}
     assert lrs["swiftkv-50-full"] == "0.0003" and lrs["swiftkv-50"] == LR["partial"]
 

@@ -51,9 +51,36 @@ def test_distill_rule_passes_the_sheet_row_and_the_profile_budget():
     out = dry_run("results/checkpoints/smollm2-135m/swiftkv-50-mqa-1", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     cmd = next(line for line in out.stdout.splitlines() if " distill smollm2-135m" in line)
-    for part in ("--variant swiftkv-50-mqa-1", "--model-id smollm2-135m", "--tokens 512", "--max-length 256",
-                 "--resume", "-o results/checkpoints/smollm2-135m/swiftkv-50-mqa-1"):
+    for part in ("--name swiftkv-50-mqa-1 -l 15 -g 1 --kv-heads 1 --loss kl --scope partial ", "--model-id smollm2-135m",
+                 "--tokens 512", "--max-length 256", "--resume", "-o results/checkpoints/smollm2-135m/swiftkv-50-mqa-1"):
         assert part in cmd, cmd
+    assert "--variants" not in cmd and "--variant " not in cmd  # the library never reads the sheet
+
+
+def test_every_distill_command_trains_exactly_its_sheet_row():
+    """The sheet is read once, in the workflow (common.smk: student_args): the options every distillation job of the
+    CI profile gets (tables, curve, seeds, lr sweep, budget scaling) build the same DistillSettings — hence the same
+    checkpoint hash for --resume — as the CLI's own reading of that row with --variant."""
+    import shlex
+
+    from swiftkv.cli import build_parser
+    from swiftkv.cli.distill import distill_settings
+
+    out = dry_run("reports/report.html", "config/ci.yaml", flags=("-p", "--forceall", "--cores", "2"))
+    assert out.returncode == 0, out.stderr
+    cmds = [shlex.split(line.split(">")[0]) for line in out.stdout.splitlines()
+            if line.lstrip().startswith(("swiftkv distill ", "Shell command: swiftkv distill "))]
+    assert len(cmds) >= 18, len(cmds)
+    parser = build_parser()
+    for cmd in cmds:
+        argv = cmd[cmd.index("distill"):]
+        args = parser.parse_args(argv)
+        assert args.name and args.variant is None, argv
+        by_sheet = parser.parse_args([*argv, "--variant", args.name])
+        for flag in ("num_key_value_layers", "key_value_group_size", "kv_heads", "loss", "scope", "no_train"):
+            setattr(by_sheet, flag, None if flag != "no_train" else False)
+        by_sheet.loss_positions = args.loss_positions  # a budget-scaling recipe option, not a sheet column
+        assert distill_settings(args) == distill_settings(by_sheet), argv
 
 
 @pytest.mark.parametrize("flag", ["--unlock", "--list-rules"])
@@ -73,7 +100,7 @@ def _distill_threads(*configfiles: str, cores: int) -> set[str]:
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return {line.split("--threads ")[1].split()[0] for line in out.stdout.splitlines()
-            if " distill " in line and "--variant " in line and "--threads " in line}
+            if " distill " in line and "--name " in line and "--threads " in line}
 
 
 def test_distill_threads_per_job(tmp_path):

@@ -26,20 +26,17 @@ def _save_at(text: str) -> tuple[int, str]:
     return positive_int(budget), path
 
 
-def cmd_distill(args) -> None:
+def distill_settings(args):
+    """The run's ``DistillSettings`` from the parsed options: the student from --variant's sheet row and/or the
+    explicit flags (explicit wins), the rest from the training options; validated."""
     import dataclasses
-
-    import torch
 
     from swiftkv.distill import DistillSettings
     from swiftkv.variants import distill_options, variant_row
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     options = {}
     if args.variant:
-        model_id = args.model_id or args.model
-        options.update(distill_options(variant_row(model_id, args.variant, args.variants)))
+        options.update(distill_options(variant_row(args.model_id or args.model, args.variant, args.variants)))
     explicit = {
         "num_key_value_layers": args.num_key_value_layers,
         "key_value_group_size": args.key_value_group_size,
@@ -56,6 +53,15 @@ def cmd_distill(args) -> None:
     options.update({k: v for k, v in vars(args).items() if k in fields and k not in explicit and v is not None})
     settings = DistillSettings(**options)
     settings.validate()
+    return settings
+
+
+def cmd_distill(args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = distill_settings(args)
     from dataclasses import asdict
 
     from swiftkv.data import load_conversations, split_conversations
@@ -74,7 +80,7 @@ def cmd_distill(args) -> None:
                     heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
                     checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
                     mixed_precision=args.mixed_precision, progress=not args.no_progress,
-                    extra_summary={"variant": args.variant, "source_report": source}, overwrite=args.overwrite,
+                    extra_summary={"variant": args.name or args.variant, "source_report": source}, overwrite=args.overwrite,
                     teacher_cache=args.teacher_cache, save_at=dict(args.save_at or []), log_only=args.log_only)
     init, final = summary["heldout_initial"], summary["heldout_final"]
     if init and final:
@@ -121,6 +127,8 @@ def add_parsers(sub) -> None:
     g.add_argument("--variants", default="config/variants.tsv",
                    help="variants sheet (TSV; default config/variants.tsv)")
     g.add_argument("--model-id", help="the model's id in the sheet (default: MODEL)")
+    g.add_argument("--name", help="the student's name in distill.json (default: --variant); the pipeline passes the "
+                   "sheet row as explicit flags with its name")
     g.add_argument("--num-key-value-layers", "-l", type=int, help="l: layers that keep their own K/V")
     g.add_argument("--key-value-group-size", "-g", type=int, help="g: AcrossKV group size")
     g.add_argument("--kv-heads", type=int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")

@@ -183,14 +183,22 @@ def distill_launcher(wildcards):
     return f"accelerate launch --config_file {cfg} -m swiftkv.cli" if cfg else "swiftkv"
 
 
-def variant_check(wildcards):
-    """Fail early (at DAG build) for a (model, variant) that is not a trainable row of the sheet."""
-    key = (wildcards.model, wildcards.variant)
-    if key not in VARIANTS.index:
-        raise ValueError(f"{key[0]}/{key[1]} is not in {config['distill']['variants']}")
-    if wildcards.variant == "base":
+def student_args(model, variant):
+    """The student a distillation trains, as `swiftkv distill` options from its validated sheet row (the library
+    never reads the sheet): its name, l, g, MQA heads, loss, scope, and --no-train for an untrained row. Fails at
+    DAG build for a (model, variant) that is not a trainable row."""
+    if (model, variant) not in VARIANTS.index:
+        raise ValueError(f"{model}/{variant} is not in {config['distill']['variants']}")
+    if variant == "base":
         raise ValueError("the base model is not distilled: evaluation reads it directly")
-    return str(repo_file(config["distill"]["variants"]))
+    row = VARIANTS.loc[(model, variant)]
+    opts = [f"--name {variant}", f"-l {int(row.num_key_value_layers)}", f"-g {int(row.key_value_group_size)}"]
+    if not pd.isna(row.kv_heads):
+        opts.append(f"--kv-heads {int(row.kv_heads)}")
+    opts += [f"--{k} {row[k]}" for k in ("loss", "scope") if row[k] != "none"]
+    if row.train == "no":
+        opts.append("--no-train")
+    return " ".join(opts)
 
 
 def bench_distill_args(wildcards):

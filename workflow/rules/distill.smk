@@ -2,10 +2,11 @@
 
 # Distillation (issue 4): one SwiftKV checkpoint per trainable row of config/variants.tsv.
 # One distillation run into {output} (also the seeds study's and the lr sweep's, workflow/rules/seeds.smk); params
-# budget carries the seed and lr of the run (common.smk: distill_budget_args).
+# student is the sheet row as options (common.smk: student_args), budget the seed and lr of the run
+# (distill_budget_args).
 DISTILL_COMMAND = (
-    "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {wildcards.variant} "
-    "--variants {input.variants} {params.budget} {params.cache} {MIXED_PRECISION} --threads {threads} --resume"
+    "{params.launcher} distill {params.model} --model-id {wildcards.model} {params.student} {params.budget} "
+    "{params.cache} {MIXED_PRECISION} --threads {threads} --resume"
 )
 DISTILL_SHELL = DISTILL_COMMAND + " -o {output} > {log} 2>&1"
 
@@ -37,7 +38,6 @@ rule build_teacher_cache:
 rule distill_swiftkv:
     input:
         model=model_input,
-        variants=variant_check,
         cache=teacher_cache_input,
     output:
         directory("results/checkpoints/{model}/{variant}"),
@@ -48,6 +48,7 @@ rule distill_swiftkv:
     params:
         launcher=distill_launcher,
         model=model_source,
+        student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
@@ -59,7 +60,6 @@ rule distill_swiftkv:
 rule distill_swiftkv_curve:
     input:
         model=model_input,
-        variants=variant_check,
         cache=teacher_cache_input,
     output:
         directory("results/distill_curve/{model}/{variant}"),
@@ -70,6 +70,7 @@ rule distill_swiftkv_curve:
     params:
         launcher=distill_launcher,
         model=model_source,
+        student=lambda w: student_args(w.model, w.variant),
         budget=distill_curve_args,
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS

@@ -44,9 +44,8 @@ def scaling_layers(model):
 
 
 SCALING_DISTILL = (
-    "{params.launcher} distill {params.model} --model-id {wildcards.model} --variant {params.variant} "
-    "--variants {input.variants} {params.options} --teacher-cache {input.cache} {MIXED_PRECISION} "
-    "--threads {threads} --resume"
+    "{params.launcher} distill {params.model} --model-id {wildcards.model} {params.student} {params.options} "
+    "--teacher-cache {input.cache} {MIXED_PRECISION} --threads {threads} --resume"
 )
 
 
@@ -78,7 +77,6 @@ rule build_scaling_cache:
 rule distill_scaling:
     input:
         model=model_input,
-        variants=config["distill"]["variants"],
         cache="results/budget_scaling/{model}/teacher_cache",
     output:
         largest=directory("results/budget_scaling/{model}/{run}/largest"),
@@ -90,7 +88,7 @@ rule distill_scaling:
     params:
         launcher=distill_launcher,
         model=model_source,
-        variant=lambda w: scaling_run(w)["variant"],
+        student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=lambda w: scaling_args(w, SCALING["budgets"]),
         smallest=lambda w: min(SCALING["budgets"]),
     threads: DISTILL_THREADS
@@ -103,7 +101,6 @@ rule distill_scaling:
 rule distill_scaling_check:
     input:
         model=model_input,
-        variants=config["distill"]["variants"],
         cache="results/budget_scaling/{model}/teacher_cache",
     output:
         directory("results/budget_scaling/{model}/{run}/check-{tokens}"),
@@ -114,7 +111,7 @@ rule distill_scaling_check:
     params:
         launcher=distill_launcher,
         model=model_source,
-        variant=lambda w: scaling_run(w)["variant"],
+        student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=scaling_args,
     threads: DISTILL_THREADS
     shell:

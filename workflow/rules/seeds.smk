@@ -47,7 +47,6 @@ def seeds_params():
 rule distill_swiftkv_seed:
     input:
         model=model_input,
-        variants=variant_check,
         cache=teacher_cache_input,
     output:
         directory("results/seeds/{model}/{variant}/seed-{seed}/checkpoint"),
@@ -58,6 +57,7 @@ rule distill_swiftkv_seed:
     params:
         launcher=distill_launcher,
         model=model_source,
+        student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
@@ -143,7 +143,6 @@ def lr_sweep_runs():
 rule distill_lr_sweep:
     input:
         model=model_input,
-        variants=variant_check,
         cache=teacher_cache_input,
     output:
         directory("results/lr_sweep/{model}/{variant}/lr-{lr}"),
@@ -154,6 +153,7 @@ rule distill_lr_sweep:
     params:
         launcher=distill_launcher,
         model=model_source,
+        student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
