@@ -436,3 +436,24 @@ def test_vllm_kv_capacity_is_read_from_the_engine_log(tmp_path):
                    "Maximum concurrency for 512 tokens per request: 12.25x\n")
     assert kv_capacity(log) == {"kv_cache_tokens": 6272, "kv_cache_max_concurrency": 12.25}
     assert kv_capacity(tmp_path / "missing.log") == {"kv_cache_tokens": None, "kv_cache_max_concurrency": None}
+
+
+def test_a_serve_request_round_trips_through_its_command_line():
+    """ServeRequest.to_args (what the workflow's bench_serve rule runs) parses back to the same request, whatever
+    its fields: lists, repeated variants, flags, values that start with a dash, fields left at their defaults."""
+    from swiftkv.bench.serving.run import ServeRequest
+    from swiftkv.cli import build_parser
+
+    requests = [
+        ServeRequest(model="smollm2-135m", engine="hf", study="throughput", output="o.json"),
+        ServeRequest(model="m", engine="vllm", study="latency", output="x/y.json", variant=['{"id": "base"}', "s=15,3"],
+                     input_lens=[512], request_rates=[0.1, 0.25], threads=2, no_memory=True, kv_cache_mib=64.5,
+                     vllm_args="--tensor-parallel-size 2", on_unavailable="mark", workdir="w", max_model_len=640),
+        ServeRequest(model="m", engine="hf", study="kv-limit", output="k.json", input_lens=[480], kv_limits_mib=[29, 51]),
+    ]
+    parser = build_parser()
+    for request in requests:
+        args = request.to_args()
+        assert ServeRequest.from_options(parser.parse_args(["bench", "serve", *args])) == request, args
+    assert "--no-memory" in requests[1].to_args() and "--vllm-args=--tensor-parallel-size 2" in requests[1].to_args()
+    assert requests[0].to_args() == ["smollm2-135m", "--engine", "hf", "--study", "throughput", "--output", "o.json"]

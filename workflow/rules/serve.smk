@@ -91,39 +91,31 @@ def serve_inputs(wildcards):
     return inputs
 
 
-def serve_args(wildcards, input):
-    """The command-line arguments of one (engine, model, study) run."""
-    engine = SERVE_ENGINES[wildcards.engine]
-    study = wildcards.study
-    args = [model_source(wildcards), "--engine", engine["engine"], "--device", engine["device"], "--study", study,
-            "--seed", str(SERVE.get("seed", 0)), "--dtype", DTYPE]
-    for spec in serve_variant_specs(wildcards):
-        args += ["--variant", json.dumps(spec)]
-    if study == "throughput":
-        w = SERVE["throughput"]
-        args += ["--input-lens", *map(str, w["input_lens"]), "--output-len", str(w["output_len"]),
-                 "--num-requests", str(w["num_requests"])]
-    elif study == "latency":
-        w = SERVE["latency"]
-        args += ["--input-lens", str(w["input_len"]), "--output-len", str(w["output_len"]),
-                 "--num-requests", str(w["num_requests"]), "--request-rates", *map(str, w["request_rates"])]
-    elif study == "kv-limit":
-        w = SERVE["kv_limit"]
-        args += ["--input-lens", str(w["input_len"]), "--output-len", str(w["output_len"]),
-                 "--num-requests", str(w["num_requests"]), "--kv-limits-mib", *map(str, w["limits_mib"])]
+def serve_request(wildcards, input, output, threads):
+    """The arguments of one (engine, model, study) run: the profile's sizes as the library's typed request
+    (swiftkv.bench.serving.run.ServeRequest), written out by its own to_args."""
+    from swiftkv.bench.serving.run import ServeRequest
+
+    engine, study = SERVE_ENGINES[wildcards.engine], wildcards.study
+    r = {"model": model_source(wildcards), "engine": engine["engine"], "device": engine["device"], "study": study,
+         "seed": SERVE.get("seed", 0), "dtype": DTYPE, "threads": threads, "on_unavailable": "mark",
+         "variant": [json.dumps(spec) for spec in serve_variant_specs(wildcards)], "output": output[0]}
+    if study == "sharegpt":
+        r["requests"] = input.requests
     else:
-        args += ["--requests", input.requests]
+        w = SERVE[study.replace("-", "_")]  # throughput / latency / kv_limit
+        r.update(input_lens=w.get("input_lens") or [w["input_len"]], output_len=w["output_len"],
+                 num_requests=w["num_requests"], request_rates=w.get("request_rates"), kv_limits_mib=w.get("limits_mib"))
     if engine["engine"] == "hf":
-        h = SERVE["hf"]
-        args += ["--batch-size", str(h["batch_size"]), "--warmup", str(h["warmup"]), "--repeats", str(h["repeats"])]
+        r.update({k: SERVE["hf"][k] for k in ("batch_size", "warmup", "repeats")})
     else:
         v = SERVE["vllm"]
-        command = v["command_cpu"] if engine["device"] == "cpu" else v["command_gpu"]
-        args += ["--vllm-command", command, "--kv-cache-mib", str(v["kv_cache_mib"]), "--warmup", str(v["warmup"]),
-                 "--repeats", str(v["repeats"]), "--workdir", f"results/bench/serve/{wildcards.engine}/{wildcards.model}/{study}.runs"]
+        r.update(vllm_command=v["command_cpu"] if engine["device"] == "cpu" else v["command_gpu"],
+                 kv_cache_mib=v["kv_cache_mib"], warmup=v["warmup"], repeats=v["repeats"])
+        r["workdir"] = f"results/bench/serve/{wildcards.engine}/{wildcards.model}/{study}.runs"
         if v.get("tensor_parallel_size", 1) > 1:
-            args.append(f"--vllm-args=--tensor-parallel-size {v['tensor_parallel_size']}")
-    return shlex.join(args)
+            r["vllm_args"] = f"--tensor-parallel-size {v['tensor_parallel_size']}"
+    return shlex.join(ServeRequest(**r).to_args())
 
 
 rule setup_vllm_cpu:
@@ -180,10 +172,10 @@ rule bench_serve:
     benchmark:
         "benchmarks/bench_serve/{engine}/{model}/{study}.tsv"
     params:
-        args=serve_args,
+        args=serve_request,
     threads: ALL_CORES  # a timing job runs alone
     shell:
-        "swiftkv bench serve {params.args} --threads {threads} --on-unavailable mark --output {output} > {log} 2>&1"
+        "swiftkv bench serve {params.args} > {log} 2>&1"
 
 
 def serve_results(study):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import platform
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from swiftkv.bench.serving.variants import parse_variants
@@ -55,6 +55,28 @@ class ServeRequest:
     def from_options(cls, options) -> "ServeRequest":
         """From any object with these attributes (the command's parsed options); absent ones keep the defaults."""
         return cls(**{f.name: getattr(options, f.name) for f in fields(cls) if hasattr(options, f.name)})
+
+    def to_args(self) -> list[str]:
+        """The ``swiftkv bench serve`` arguments of this request (their parse gives it back, ``from_options``):
+        MODEL, then --FIELD for every field away from its default (each variant as its own --variant)."""
+        args = [self.model]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if f.name == "model" or (value == default and default is not MISSING) or value is False:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if value is True:
+                args.append(flag)
+            elif f.name == "variant":
+                args += [a for spec in value for a in ("--variant", spec)]
+            elif isinstance(value, list):
+                args += [flag, *map(str, value)]
+            elif str(value).startswith("-"):  # e.g. --vllm-args=--tensor-parallel-size 2
+                args.append(f"{flag}={value}")
+            else:
+                args += [flag, str(value)]
+        return args
 
 
 def hardware_label(hw: dict, device: str) -> str:
