@@ -1,7 +1,7 @@
 """The teacher cache: what the frozen teacher computes for a distillation, computed once and shared by every student.
 
 Every SwiftKV student of a model distils against the same teacher (the model itself with SwiftKV off) on the same
-token stream (``swiftkv.data.conversation_stream``: the data source, shuffled by the seed, packed the same way for
+token stream (``swiftkv.packing.conversation_stream``: the data source, shuffled by the seed, packed the same way for
 every budget). One no-grad pass over that stream stores, per token:
 
 - ``h{l}``: the residual stream entering layer ``l``, for every ``l`` the students use — their input (the shared
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swiftkv.data import Pack, PackReport, Segment, cut_stream, pack_stream
+from swiftkv.packing import Pack, PackReport, Segment, cut_stream, pack_stream
 from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def build_teacher_cache(
     from tqdm.auto import tqdm
 
     from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.data import HELDOUT_SEED, collate_packs, conversation_stream
+    from swiftkv.packing import HELDOUT_SEED, collate_packs, conversation_stream
     from swiftkv.io import atomic_dir, check_output_dir
 
     output = check_output_dir(output, overwrite)
@@ -301,7 +301,7 @@ def cached_batch(cache: TeacherCache, split: str, packs: list[Pack], rows: list,
                  dtype: torch.dtype, pre_last: int | None = None) -> dict:
     """``collate_packs`` plus the cached teacher tensors: ``boundary`` (h_l), ``teacher`` (final normed hidden) and,
     for kl+hidden, ``teacher_pre_last`` (the stream entering the last layer)."""
-    from swiftkv.data import collate_packs
+    from swiftkv.packing import collate_packs
 
     batch = collate_packs(packs, pad_id)
     width = batch["input_ids"].shape[1]

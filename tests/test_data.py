@@ -44,15 +44,8 @@ def test_split_keeps_conversation_parts_together_and_is_stable():
 
 import pytest  # noqa: E402
 
-from swiftkv.data import (  # noqa: E402
-    IGNORE_INDEX,
-    Conversation,
-    PackReport,
-    collate_packs,
-    load_hub_conversations,
-    pack_conversations,
-    split_conversations,
-)
+from swiftkv.data import Conversation, load_hub_conversations, split_conversations  # noqa: E402
+from swiftkv.packing import IGNORE_INDEX, PackReport, collate_packs, pack_conversations  # noqa: E402
 from tests.conftest import tiny_conversations, tiny_tokenizer  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from swiftkv.data import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
+from swiftkv.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss, train
 from swiftkv.errors import SwiftKVError
 from swiftkv.teacher_cache import TeacherCache, build_teacher_cache, cached_batch, weights_fingerprint

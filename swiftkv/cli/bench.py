@@ -89,7 +89,8 @@ def cmd_bench_distill(args) -> None:
     import torch
 
     from swiftkv.bench.speed import DistillBench, bench_distill
-    from swiftkv.data import collate_packs, load_conversations, pack_conversations, split_conversations
+    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.packing import collate_packs, pack_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
 

@@ -156,7 +156,7 @@ def train(
 
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
-    from swiftkv.data import collate_packs
+    from swiftkv.packing import collate_packs
     from swiftkv.device import fast_dtype
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.teacher_cache import cached_batch
