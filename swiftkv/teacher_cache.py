@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swiftkv.packing import Pack, PackReport, Segment, cut_stream, pack_stream
 from swiftkv.errors import SwiftKVError
+from swiftkv.packing import Pack, PackReport, Segment, cut_stream, pack_stream
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +222,8 @@ def build_teacher_cache(
     from tqdm.auto import tqdm
 
     from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.packing import HELDOUT_SEED, collate_packs, conversation_stream
     from swiftkv.io import atomic_dir, check_output_dir
+    from swiftkv.packing import HELDOUT_SEED, collate_packs, conversation_stream
 
     output = check_output_dir(output, overwrite)
     if storage_dtype not in STORAGE_DTYPES:

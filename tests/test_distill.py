@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from swiftkv import convert_to_swiftkv
-from swiftkv.packing import collate_packs, pack_conversations
 from swiftkv.distill import DistillModel, DistillSettings, Interrupted, build_student, compute_loss, train
 from swiftkv.losses import distill_kl, kl_sum, lm_cross_entropy
+from swiftkv.packing import collate_packs, pack_conversations
 from tests.conftest import random_ids, tiny_base, tiny_conversations, tiny_tokenizer
 
 

@@ -10,10 +10,10 @@ import torch
 
 from swiftkv.assets import prepare_model
 from swiftkv.data import load_sharegpt, split_conversations
-from swiftkv.packing import collate_packs, pack_conversations
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
 from swiftkv.loading import load_model
 from swiftkv.losses import kl_sum
+from swiftkv.packing import collate_packs, pack_conversations
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,9 @@ from transformers import PreTrainedTokenizerFast
 
 from swiftkv.bench.serving.hf import HFEngine, HFSettings
 from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
+from swiftkv.bench.serving.processes import process_group
 from swiftkv.bench.serving.variants import parse_variant, parse_variants
-from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings, process_group
+from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
 from swiftkv.bench.serving.workloads import poisson_arrivals, random_prompts, select_sharegpt
 from swiftkv.cache import expected_cache_bytes
 from swiftkv.data import Conversation

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from swiftkv.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss, train
 from swiftkv.errors import SwiftKVError
+from swiftkv.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
 from swiftkv.teacher_cache import TeacherCache, build_teacher_cache, cached_batch, weights_fingerprint
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 

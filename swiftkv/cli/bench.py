@@ -90,9 +90,9 @@ def cmd_bench_distill(args) -> None:
 
     from swiftkv.bench.speed import DistillBench, bench_distill
     from swiftkv.data import load_conversations, split_conversations
-    from swiftkv.packing import collate_packs, pack_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
+    from swiftkv.packing import collate_packs, pack_conversations
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from swiftkv.packing import HELDOUT_SEED
 from swiftkv.distill.settings import DistillSettings
 from swiftkv.errors import SwiftKVError
 from swiftkv.losses import eval_metrics
+from swiftkv.packing import HELDOUT_SEED
 
 if TYPE_CHECKING:
     from swiftkv.distill.pair import DistillModel

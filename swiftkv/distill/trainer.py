@@ -156,9 +156,9 @@ def train(
 
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
-    from swiftkv.packing import collate_packs
     from swiftkv.device import fast_dtype
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
+    from swiftkv.packing import collate_packs
     from swiftkv.teacher_cache import cached_batch
 
     settings.validate()

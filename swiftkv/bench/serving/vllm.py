@@ -19,16 +19,12 @@ engine never loads both SwiftKV plugins, and a base row measures vLLM as install
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from swiftkv.bench.serving.predict import predicted_speedup
+from swiftkv.bench.serving.processes import cpu_list, free_port, process_group, tail
 from swiftkv.bench.serving.variants import VariantSpec
 from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
@@ -43,9 +40,6 @@ from swiftkv.errors import SwiftKVError
 from swiftkv.vllm_plugin import ARCHITECTURES, ARCTIC_PLUGIN, PLUGIN_NAME, arctic_selected
 
 logger = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
 
 class Unavailable(Exception):
     """This engine cannot run here (no GPU, no vLLM): the reason is one line."""
@@ -67,83 +61,9 @@ class VllmSettings:
     workdir: str = "."  # raw outputs and logs of every run
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _raise_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
-
-
-@contextlib.contextmanager
-def process_group(cmd: list[str], env: dict[str, str], log_path: Path):
-    """Start ``cmd`` in its own process group (output to ``log_path``); always end the whole group on exit."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    with open(log_path, "ab") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        try:
-            yield proc
-        finally:
-            stop_group(proc)
-            signal.signal(signal.SIGTERM, previous)
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group of ``proc``, SIGKILL what is left after ``grace_s``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _group_alive(proc.pid):
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _tail(path: Path, lines: int = 1, match: str | None = None) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    if match:
-        text = [t for t in text if match in t] or text
-    return " | ".join(t.strip() for t in text[-lines:])
-
-
 def kv_capacity(log: Path) -> dict:
     """The KV-cache capacity the engine reports at start-up (``KV cache size: N tokens``), from a run's log."""
     return kv_capacity_of_text(log.read_text(errors="replace") if log.is_file() else "")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cpu_list() -> str:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return ",".join(map(str, cpus))
 
 
 def _model_config(model: str):
@@ -203,7 +123,7 @@ class VllmEngine:
         if self.settings.device == "cpu":
             # vLLM's CPU worker binds its OpenMP threads itself ("auto"); by default it would also hold one CPU
             # back for the frontend, which on a 2-CPU machine halves the engine
-            env["OMP_NUM_THREADS"] = str(self.settings.threads or len(_cpu_list().split(",")))
+            env["OMP_NUM_THREADS"] = str(self.settings.threads or len(cpu_list().split(",")))
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         env["VLLM_PLUGINS"] = self.plugins(spec)  # explicit for every variant, whatever this shell exports
         env.update(spec.env)
@@ -260,7 +180,7 @@ class VllmEngine:
         self._note_version(log)
         if rc != 0:
             raise RuntimeError(f"{cmd[len(self.settings.command)]} {cmd[len(self.settings.command) + 1]} failed "
-                               f"(exit {rc}); log: {log}: {_tail(log, 1, 'Error')}")
+                               f"(exit {rc}); log: {log}: {tail(log, 1, 'Error')}")
         return log
 
     def bench_throughput(self, spec: VariantSpec, dataset_args: list[str], num_prompts: int, max_model_len: int,
@@ -380,7 +300,7 @@ class VllmEngine:
             while True:
                 if proc.poll() is not None:
                     raise RuntimeError(f"vllm serve exited ({proc.returncode}) before it was ready; log: {log}: "
-                                       f"{_tail(log, 1, 'Error')}")
+                                       f"{tail(log, 1, 'Error')}")
                 with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
                     if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
                         break
