@@ -100,7 +100,7 @@ def _fit_records(run: str, reads: list[dict], settings: BootstrapSettings) -> li
 
 def ordering(verdicts: list[str]) -> str:
     """The registered reading of per-budget verdicts (analysis/claims.yaml, budget_scaling.ordering)."""
-    from analysis.claims import FAILS, HOLDS
+    from analysis.rules import FAILS, HOLDS
 
     if verdicts and all(v == HOLDS for v in verdicts):
         return "same at every budget (holds)"
@@ -116,7 +116,8 @@ def build_scaling_table(study: dict, reads: dict[str, list[dict]], checks: dict[
                         settings: BootstrapSettings = BootstrapSettings(), registry=None) -> pd.DataFrame:
     """The tidy table (module docstring). ``reads``: run -> its budget reads (distill.json ``budget_reads``);
     ``checks``: budget -> the check run's distill.json; ``evals``: run -> {smallest, largest: lm-eval result}."""
-    from analysis.claims import REGISTRY, Point, Rule, load_registry, point_verdict
+    from analysis.claims import REGISTRY, load_registry
+    from analysis.rules import Point, Rule, point_verdict
 
     rules = {c.id: c.rule for c in load_registry(registry or REGISTRY)}
     kl_rule = Rule(kind="direction", direction="above", threshold=0.0)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.claims import FAILS, HOLDS, UNCLEAR, Point, RegistryError, Rule, decide, load_registry, point_verdict
+from analysis.claims import RegistryError, load_registry
+from analysis.rules import FAILS, HOLDS, UNCLEAR, Point, Rule, decide, point_verdict
 
 PAPER = Path(__file__).resolve().parents[1] / "analysis" / "paper"
 RANK = {FAILS: 0, UNCLEAR: 1, HOLDS: 2}
@@ -88,7 +89,8 @@ REPORTS = Path(__file__).resolve().parents[1] / "reports"
 def test_every_registered_claim_is_evaluated_on_the_committed_reports():
     import pandas as pd
 
-    from analysis.claims import AWAITING, DECIDED, EVALUATORS, PROVISIONAL, evaluate
+    from analysis.claims import AWAITING, DECIDED, PROVISIONAL, evaluate
+    from analysis.evidence import EVALUATORS
 
     claims = load_registry()
     assert set(EVALUATORS) == {c.id for c in claims}
@@ -151,7 +153,7 @@ def _b1(tmp_path, deltas):
 
 
 def test_fp8_is_judged_on_every_row(tmp_path):
-    from analysis.claims import EVALUATORS
+    from analysis.evidence import EVALUATORS
 
     rule = next(c.rule for c in load_registry() if c.id == "fp8-costs-little")
     _b1(tmp_path, [(-0.1, -0.5, 0.3), (0.0, -0.4, 0.4)])

@@ -134,7 +134,8 @@ def test_a_run_of_the_study_that_is_not_in_the_sheet_is_one_clear_line(tmp_path)
 
 
 def test_claims_read_the_study_by_the_registered_rule(tmp_path):
-    from analysis.claims import DEPENDS, FAILS, HOLDS, UNCLEAR, _scaling, budget_verdict
+    from analysis.claims import DEPENDS, _scaling, budget_verdict
+    from analysis.rules import FAILS, HOLDS, UNCLEAR
 
     table().to_csv(tmp_path / "budget_scaling.csv", index=False)
     study = _scaling(tmp_path)
