@@ -30,8 +30,8 @@ from analysis import paper
 from analysis.io import read_json, rolling_scores, task_scores
 from analysis.stats import (BootstrapSettings, Interval, macro_mean_ci, mean_ci, paired_difference_ci,
                             paired_ratio_difference_ci, ratio_ci)
+from swiftkv.heldout import PPL_TASK  # the held-out perplexity task, as its writer names it
 
-PPL_TASK = "sharegpt_heldout_ppl"
 MDD_FACTOR = (1.959964 + 0.841621) / 1.959964  # (z_0.975 + z_0.80) / z_0.975: MDD at 80% power from a 95% half-width
 TABLES = ("table2", "table4a", "table4b", "tableB1", "tableB2")
 CAPTIONS = {
