@@ -71,10 +71,11 @@ rule compute_simscore:
         "benchmarks/compute_simscore/{model}.tsv"
     params:
         source=model_source,
+        dtype=DTYPE,
         cfg=config["simscore"],
     threads: ALL_CORES  # forward passes use every core; one model at a time
     shell:
-        "swiftkv simscore {params.source} --name {wildcards.model} --dtype {DTYPE} --threads {threads}"
+        "swiftkv simscore {params.source} --name {wildcards.model} --dtype {params.dtype} --threads {threads}"
         " --num-sequences {params.cfg[num_sequences]} --max-tokens {params.cfg[max_tokens]}"
         " --seed {params.cfg[seed]} --batch-size {params.cfg[batch_size]}"
         " --outlier-dims {params.cfg[outlier_dims]} --sink-tokens {params.cfg[sink_tokens]}"
@@ -107,10 +108,11 @@ rule bench_forward_time:
         "benchmarks/bench_forward_time/{model}.tsv"
     params:
         source=model_source,
+        dtype=DTYPE,
         cfg=config["prefill_time"],
     threads: ALL_CORES  # a timing job runs alone
     shell:
-        "swiftkv bench prefill {params.source} --dtype {DTYPE} --threads {threads}"
+        "swiftkv bench prefill {params.source} --dtype {params.dtype} --threads {threads}"
         " --lengths {params.cfg[lengths]} --fractions {params.cfg[fractions]}"
         " --warmup {params.cfg[warmup]} --repeats {params.cfg[repeats]}"
         " --output {output} > {log} 2>&1"

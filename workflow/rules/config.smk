@@ -12,7 +12,7 @@ def config_problem(config, schema_path):
     err = jsonschema.exceptions.best_match(errors)
     if err is None:
         return None
-    where = "/".join(str(p) for p in err.absolute_path) or "top level"
+    where = ".".join(str(p) for p in err.absolute_path) or "top level"
     return f"config ({where}): {err.message}"
 
 

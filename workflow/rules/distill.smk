@@ -6,9 +6,9 @@
 # (distill_budget_args).
 DISTILL_COMMAND = (
     "{params.launcher} distill {params.model} --model-id {wildcards.model} {params.student} {params.budget} "
-    "{params.cache} {MIXED_PRECISION} --threads {threads} --resume"
+    "{params.cache} {params.precision} --threads {threads} --resume"
 )
-DISTILL_SHELL = DISTILL_COMMAND + " -o {output} > {log} 2>&1"
+DISTILL_SHELL = " ".join((DISTILL_COMMAND, "-o {output} > {log} 2>&1"))
 
 
 # The teacher's side of every distillation of a model (all variants, budgets, losses): one pass, one cache per seed.
@@ -23,6 +23,7 @@ rule build_teacher_cache:
         "benchmarks/build_teacher_cache/{model}/seed-{seed}.tsv"
     params:
         source=model_source,
+        dtype=DTYPE,
         spec=teacher_cache_spec,
         # only what the cache holds: a change of lr, threads or the curve's label must not rebuild it (and with it
         # every distillation); .get: a profile without the cache (the paper's) need not set cache_dtype
@@ -31,7 +32,7 @@ rule build_teacher_cache:
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.spec[layers]} --tokens {params.spec[tokens]}"
         " --max-length {params.d[max_length]} --heldout-tokens {params.d[heldout_tokens]} --seed {wildcards.seed}"
-        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {DTYPE} --threads {threads}"
+        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {params.dtype} --threads {threads}"
         " --no-progress -o {output} > {log} 2>&1"
 
 
@@ -47,6 +48,7 @@ rule distill_swiftkv:
         "benchmarks/distill_swiftkv/{model}/{variant}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
@@ -69,6 +71,7 @@ rule distill_swiftkv_curve:
         "benchmarks/distill_swiftkv_curve/{model}/{variant}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_curve_args,

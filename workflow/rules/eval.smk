@@ -152,10 +152,11 @@ if EVAL["suite"] == "bigbench":
             outdir=output_dir,
             source=model_source,
             batch=EVAL["batch_size"],
+            dtype=DTYPE,
         threads: ALL_CORES
         shell:
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
-            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {DTYPE} --threads {threads}"
+            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {params.dtype} --threads {threads}"
             " --output-dir {params.outdir} > {log} 2>&1"
 
     rule select_bigbench_tasks:
@@ -192,14 +193,14 @@ else:
 # The benchmark tasks (lm_eval.json; also of the seeds and budget-scaling students, seeds.smk and scaling.smk):
 EVAL_SHELL = (
     "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
-    " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {DTYPE}"
+    " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
     " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
 )
 # ... and the held-out measures: fidelity to the base model (fidelity.json) and, where a table reports it, ShareGPT
 # bits per byte (heldout.json, lm-eval's rolling log-likelihood; params.ppl empty: fidelity only).
 HELDOUT_SHELL = (
     "swiftkv eval {params.target} --base {params.base} {params.ppl} --heldout {input.ppl}/conversations.jsonl"
-    " --kv-cache {wildcards.kvcache} {params.fidelity} --batch-size {params.batch} --dtype {DTYPE}"
+    " --kv-cache {wildcards.kvcache} {params.fidelity} --batch-size {params.batch} --dtype {params.dtype}"
     " --threads {threads} --output-dir {params.outdir} --lm-eval-name heldout.json > {log} 2>&1"
 )
 
@@ -212,13 +213,13 @@ def heldout_ppl_args(wildcards, input):
 
 # The params the two shells read, for every rule that runs them (the tables', seeds.smk's and scaling.smk's).
 EVAL_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, include=eval_include_args,
-                   batch=EVAL["batch_size"])
+                   batch=EVAL["batch_size"], dtype=DTYPE)
 
 
 def heldout_params(ppl):
     """HELDOUT_SHELL's params; ``ppl``: the bits-per-byte task's arguments, or "" for the fidelity only."""
     return dict(outdir=output_dir, target=eval_target, base=model_source, ppl=ppl, fidelity=eval_fidelity_args,
-                batch=EVAL["batch_size"])
+                batch=EVAL["batch_size"], dtype=DTYPE)
 
 
 rule eval_swiftkv:

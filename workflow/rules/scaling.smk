@@ -45,7 +45,7 @@ def scaling_layers(model):
 
 SCALING_DISTILL = (
     "{params.launcher} distill {params.model} --model-id {wildcards.model} {params.student} {params.options} "
-    "--teacher-cache {input.cache} {MIXED_PRECISION} --threads {threads} --resume"
+    "--teacher-cache {input.cache} {params.precision} --threads {threads} --resume"
 )
 
 
@@ -61,6 +61,7 @@ rule build_scaling_cache:
         "benchmarks/build_scaling_cache/{model}.tsv"
     params:
         source=model_source,
+        dtype=DTYPE,
         layers=lambda w: " ".join(map(str, scaling_layers(w.model))),
         tokens=lambda w: max(SCALING["budgets"]),
         heldout=SCALING["heldout_tokens"] if SCALING else 0,
@@ -69,7 +70,7 @@ rule build_scaling_cache:
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.layers} --tokens {params.tokens}"
         " --max-length {params.d[max_length]} --heldout-tokens {params.heldout} --seed {params.d[seed]}"
-        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {DTYPE} --threads {threads}"
+        " --data {params.d[data]} --cache-dtype {params.d[cache_dtype]} --dtype {params.dtype} --threads {threads}"
         " --no-progress -o {output} > {log} 2>&1"
 
 
@@ -87,13 +88,14 @@ rule distill_scaling:
         "benchmarks/distill_scaling/{model}/{run}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=lambda w: scaling_args(w, SCALING["budgets"]),
         smallest=lambda w: min(SCALING["budgets"]),
     threads: DISTILL_THREADS
     shell:
-        SCALING_DISTILL + " --save-at {params.smallest}={output.smallest} -o {output.largest} > {log} 2>&1"
+        " ".join((SCALING_DISTILL, "--save-at {params.smallest}={output.smallest} -o {output.largest} > {log} 2>&1"))
 
 
 # The check: the same row trained separately with the tables' cosine schedule at one budget (its held-out numbers
@@ -110,12 +112,13 @@ rule distill_scaling_check:
         "benchmarks/distill_scaling_check/{model}/{run}/{tokens}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=scaling_args,
     threads: DISTILL_THREADS
     shell:
-        SCALING_DISTILL + " --log-only -o {output} > {log} 2>&1"
+        " ".join((SCALING_DISTILL, "--log-only -o {output} > {log} 2>&1"))
 
 
 def scaling_eval_inputs(wildcards):

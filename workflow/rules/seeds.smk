@@ -56,6 +56,7 @@ rule distill_swiftkv_seed:
         "benchmarks/distill_swiftkv_seed/{model}/{variant}/seed-{seed}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
@@ -152,13 +153,14 @@ rule distill_lr_sweep:
         "benchmarks/distill_lr_sweep/{model}/{variant}/lr-{lr}.tsv"
     params:
         launcher=distill_launcher,
+        precision=MIXED_PRECISION,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
     threads: DISTILL_THREADS
     shell:
-        DISTILL_COMMAND + " --log-only -o {output} > {log} 2>&1"
+        " ".join((DISTILL_COMMAND, "--log-only -o {output} > {log} 2>&1"))
 
 
 rule raw_lr_sweep:

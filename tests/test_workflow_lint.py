@@ -1,0 +1,28 @@
+"""`snakemake --lint`: only the kinds of warning the README explains (section "snakemake --lint") may appear."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
+
+
+def test_every_lint_warning_is_of_a_kind_the_readme_explains():
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True)
+    kinds = Counter(m.group(1).rstrip(".:") for m in re.finditer(r"^\s*\* (.+?)(?: in line \d+)?:?$",
+                                                                  out.stdout + out.stderr, re.M))
+    assert kinds, out.stdout[-2000:] + out.stderr[-2000:]
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### `snakemake --lint`"):]
+    explained = dict(re.findall(r"^- \*(.+?)\* \((\d+)\)", section, re.M))
+    for kind, count in kinds.items():
+        assert kind in explained, f"snakemake --lint warns '{kind}' ({count}x), which the README does not explain"
+        assert int(explained[kind]) == count, f"README says {explained[kind]} x '{kind}', lint finds {count}"
