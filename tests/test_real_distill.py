@@ -29,7 +29,7 @@ def setup():
     prepare_model("smollm2-135m", root=root)
     base, tok = load_model("smollm2-135m", dtype="float32", resources=root)
     train, _ = split_conversations(load_sharegpt()[0])
-    packs = pack_conversations(train, tok, 192, seed=3)
+    packs = pack_conversations(train, tok, 192, token_budget=100_000, seed=3)  # a prefix of the stream
     pack = next(p for p in packs if len(p.conversation_ids) > 1)  # a row holding several conversations
     return base, collate_packs([pack], tok.pad_token_id)
 
