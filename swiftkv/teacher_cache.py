@@ -198,27 +198,38 @@ def teacher_states(inner, input_ids: torch.Tensor, position_ids: torch.Tensor, l
     return values
 
 
+@dataclass(frozen=True)
+class TeacherCacheSettings:
+    """What a teacher cache holds: the students' l values (``layers``; L-1, for kl+hidden, is always added), the
+    data source and its order seed, the row length, the training and held-out token budgets, the storage dtype and
+    whether the stream keeps its assistant-token masks (for ``loss_positions="assistant"``)."""
+
+    layers: list[int]
+    data: str
+    seed: int
+    max_length: int
+    tokens: int
+    heldout_tokens: int
+    storage_dtype: str = "float32"
+    assistant_masks: bool = True
+
+
 def build_teacher_cache(
     base_model,
     tokenizer,
     output: str | os.PathLike,
+    settings: TeacherCacheSettings,
     *,
     train_conversations,
     heldout_conversations,
-    layers: list[int],
-    data: str,
-    seed: int,
-    max_length: int,
-    tokens: int,
-    heldout_tokens: int,
-    storage_dtype: str = "float32",
-    assistant_masks: bool = True,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """One no-grad teacher pass over the training stream (``tokens``) and the held-out sample; write the cache.
-
-    ``layers``: the l values of the students it will serve (L-1, for kl+hidden, is always added)."""
+    """One no-grad teacher pass over the training stream (``settings.tokens``) and the held-out sample; write the
+    cache."""
+    layers, data, seed, max_length = settings.layers, settings.data, settings.seed, settings.max_length
+    tokens, heldout_tokens, storage_dtype = settings.tokens, settings.heldout_tokens, settings.storage_dtype
+    assistant_masks = settings.assistant_masks
     from tqdm.auto import tqdm
 
     from swiftkv.convert import convert_to_swiftkv

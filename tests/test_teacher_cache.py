@@ -10,7 +10,8 @@ import torch
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss, train
 from swiftkv.errors import SwiftKVError
 from swiftkv.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
-from swiftkv.teacher_cache import TeacherCache, build_teacher_cache, cached_batch, weights_fingerprint
+from swiftkv.teacher_cache import (TeacherCache, TeacherCacheSettings, build_teacher_cache, cached_batch,
+                                   weights_fingerprint)
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
 LAYERS = [1, 2]  # the students below use l = 1 or 2 of 4 layers
@@ -18,10 +19,11 @@ MAX_LENGTH = 96
 
 
 def build(path, tokens=1500, seed=0, heldout_tokens=200, dtype="float32", layers=LAYERS):
-    return build_teacher_cache(
-        tiny_base(num_hidden_layers=4), tiny_tokenizer(), path, train_conversations=tiny_conversations(120),
-        heldout_conversations=tiny_conversations(15, 1, "h"), layers=layers, data="sharegpt", seed=seed,
-        max_length=MAX_LENGTH, tokens=tokens, heldout_tokens=heldout_tokens, storage_dtype=dtype, progress=False)
+    settings = TeacherCacheSettings(layers=layers, data="sharegpt", seed=seed, max_length=MAX_LENGTH, tokens=tokens,
+                                    heldout_tokens=heldout_tokens, storage_dtype=dtype)
+    return build_teacher_cache(tiny_base(num_hidden_layers=4), tiny_tokenizer(), path, settings,
+                               train_conversations=tiny_conversations(120),
+                               heldout_conversations=tiny_conversations(15, 1, "h"), progress=False)
 
 
 @pytest.fixture(scope="module")

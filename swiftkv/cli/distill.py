@@ -80,7 +80,8 @@ def cmd_distill(args) -> None:
                     heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
                     checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
                     mixed_precision=args.mixed_precision, progress=not args.no_progress,
-                    extra_summary={"variant": args.name or args.variant, "source_report": source}, overwrite=args.overwrite,
+                    extra_summary={"variant": args.name or args.variant, "source_report": source},
+                    overwrite=args.overwrite,
                     teacher_cache=args.teacher_cache, save_at=dict(args.save_at or []), log_only=args.log_only)
     init, final = summary["heldout_initial"], summary["heldout_final"]
     if init and final:
@@ -94,17 +95,18 @@ def cmd_teacher_cache(args) -> None:
 
     from swiftkv.data import load_conversations, split_conversations
     from swiftkv.loading import load_model
-    from swiftkv.teacher_cache import build_teacher_cache
+    from swiftkv.teacher_cache import TeacherCacheSettings, build_teacher_cache
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
     train_convs, heldout_convs = split_conversations(load_conversations(args.data)[0])
-    meta = build_teacher_cache(
-        model, tokenizer, args.output, train_conversations=train_convs, heldout_conversations=heldout_convs,
-        layers=args.layers, data=args.data, seed=args.seed, max_length=args.max_length, tokens=args.tokens,
-        heldout_tokens=args.heldout_tokens, storage_dtype=args.cache_dtype, overwrite=args.overwrite,
-        progress=not args.no_progress)
+    settings = TeacherCacheSettings(layers=args.layers, data=args.data, seed=args.seed, max_length=args.max_length,
+                                    tokens=args.tokens, heldout_tokens=args.heldout_tokens,
+                                    storage_dtype=args.cache_dtype)
+    meta = build_teacher_cache(model, tokenizer, args.output, settings, train_conversations=train_convs,
+                               heldout_conversations=heldout_convs, overwrite=args.overwrite,
+                               progress=not args.no_progress)
     build = meta["build"]
     print(f"{args.output}: {build['train_tokens']} training tokens at {build['tokens_per_s']:.0f} tok/s, layers "
           f"{meta['key']['layers']}, {meta['key']['dtype']}")
