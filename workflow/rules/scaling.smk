@@ -173,10 +173,14 @@ rule raw_budget_scaling:
         "../scripts/collect_raw.py"
 
 
+def scaling_labels():
+    """The label of each row the study trains, from the validated sheet (common.smk's VARIANTS)."""
+    return {r["variant"]: VARIANTS.loc[(SCALING["model"], r["variant"])].label for r in SCALING["runs"]}
+
+
 rule make_budget_scaling:
     input:
         raw="reports/raw/budget_scaling",
-        variants=config["distill"]["variants"],
     output:
         csv=report("reports/budget_scaling.csv", caption="../report/budget_scaling.rst", category="Distillation"),
         figure=report("reports/figure_budget_scaling.png", caption="../report/budget_scaling.rst",
@@ -186,5 +190,6 @@ rule make_budget_scaling:
     params:
         study=SCALING,
         bootstrap=EVAL["bootstrap"],
+        labels=lambda w: scaling_labels(),
     script:
         "../scripts/make_budget_scaling.py"

@@ -2,8 +2,6 @@
 reports/raw/budget_scaling) -> reports/budget_scaling.csv and reports/figure_budget_scaling.png (analysis/scaling.py)."""
 import logging
 
-import pandas as pd
-
 from analysis.scaling import plot_scaling, run_labels, scaling_from_raw
 from analysis.stats import BootstrapSettings
 from swiftkv.io import write_text
@@ -14,7 +12,5 @@ table = scaling_from_raw(snakemake.input.raw, snakemake.params.study,  # noqa: F
                          BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
 write_text(snakemake.output.csv, table.to_csv(index=False, float_format="%.5g"))  # noqa: F821
 study = snakemake.params.study  # noqa: F821
-sheet = pd.read_csv(snakemake.input.variants, sep="\t", keep_default_na=False)  # noqa: F821
-sheet = sheet[sheet.model == study["model"]]
-plot_scaling(table, snakemake.output.figure, run_labels(study, dict(zip(sheet.variant, sheet.label))))  # noqa: F821
+plot_scaling(table, snakemake.output.figure, run_labels(study, snakemake.params.labels))  # noqa: F821
 logging.info("\n%s", table.to_string(index=False))
