@@ -148,7 +148,8 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
         by_scaling = "budget-scaling" in claim.decided_by
         study = scaling.get(claim.id)
         scaling_pending = by_scaling and study is None
-        status = (AWAITING if not ev.points else DECIDED if by_current_run or (ev.seeded and not scaling_pending)
+        powered = ev.seeded or ev.powered  # the points carry every source of variance the estimator names
+        status = (AWAITING if not ev.points else DECIDED if by_current_run or (powered and not scaling_pending)
                   else PROVISIONAL)
         if by_scaling and study is not None and study.accuracy and ev.points:
             verdict = budget_verdict(verdict, study.accuracy[-1][1])
@@ -156,10 +157,14 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             why = ("decided at the table budget by the seeds run (seeds.csv); "
                    + ("reports/budget_scaling.csv has no row of this comparison" if (reports / "budget_scaling.csv")
                       .is_file() else "the ordering across budgets awaits the budget-scaling study"))
+        elif status == PROVISIONAL and ev.short:
+            why = f"decided by {claim.decided_by}; {ev.short}"
         elif status == PROVISIONAL and ev.missing:
             why = f"decided by {claim.decided_by}; these points are seeded, but {ev.missing} yet"
         elif status == PROVISIONAL:
             why = f"decided by {claim.decided_by}; these points are from single training runs or single serving runs"
+        elif ev.note:
+            why = ev.note
         else:
             why = ev.missing if status == AWAITING else ""
         rows.append({
@@ -172,6 +177,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "deciding_point": decider.label if decider else "",
             "points": "; ".join(f"{p.label}: {_fmt(p.estimate)} [{_fmt(p.lo)}, {_fmt(p.hi)}]"
                                 + (f" (paper {_fmt(p.paper)})" if p.paper is not None else "")
+                                + (f" noise [{_fmt(p.noise[0])}, {_fmt(p.noise[1])}]" if p.noise else "")
                                 + f" {point_verdict(claim.rule, p)}" for p in ev.points),
             "n_points": len(ev.points),
             "verdict": verdict,

@@ -20,6 +20,9 @@ class Evidence:
     files: list[str]
     missing: str = ""  # why there are no points (awaiting)
     seeded: bool = False  # the points carry training-seed variance (>= MIN_SEEDS seeds: reports/seeds.csv)
+    powered: bool = False  # serving: every point has the registered repeats (or requests) and its noise floor
+    note: str = ""  # points reported but not deciding (e.g. the lowest request rate of the TPOT claim)
+    short: str = ""  # serving: why the points do not decide yet (fewer repeats or requests than registered)
 
 
 MIN_SEEDS = 3  # the registry's "seeds x examples" estimators need at least this many training seeds per trained row
@@ -136,17 +139,123 @@ def _single_run(label: str, estimate: float) -> Point:
     return Point(label, estimate, math.nan, math.nan)
 
 
+# -- serving (issue 16, item 5): the raw results of reports/raw/serving/<study>, every point with its interval --
+
+MIN_REPEATS = 5  # interleaved repeats per throughput point (registry: "median over >= 5 interleaved repeats")
+MIN_REQUESTS = 50  # requests per latency rate (registry: ">= 50 requests")
+SWIFTKV, ACROSSKV = "swiftkv-50", "swiftkv-50-acrosskv-3"
+
+
+def _serving(reports: Path, study: str):
+    """The measured rows of a serving study as committed in reports/raw/serving/<study> (every result file of its
+    manifest), and the manifest's path; a missing folder is no evidence."""
+    import json
+
+    from analysis.serving import load_raw
+
+    root = reports / "raw" / "serving" / study
+    manifest = root / "manifest.json"
+    if not manifest.is_file():
+        raise NoEvidence(str(root), f"{Path(reports.name) / 'raw/serving' / study} is missing (rule raw_serving)")
+    sources = [f["source"] for f in json.loads(manifest.read_text())["files"].values()]
+    df = load_raw(root, sources)
+    return df[df["status"] == "measured"], str(manifest)
+
+
+def _engine_point(row, key: str, unit: str) -> str:
+    return f"{row['engine']} {row[key]:g} {unit}"
+
+
+def _interval_point(label: str, row, name: str, enough: bool) -> Point:
+    """A point from an interval column set of analysis.serving (``name``, ``_lo``, ``_hi``, noise); below the
+    registered repeats or requests it has an estimate but no interval (it cannot decide)."""
+    lo, hi = (num(row[f"{name}_lo"]), num(row[f"{name}_hi"])) if enough else (math.nan, math.nan)
+    return Point(label, num(row[name]), lo, hi, noise=(num(row[f"{name}_noise_lo"]), num(row[f"{name}_noise_hi"])))
+
+
+def _throughput_gain(reports: Path) -> Evidence:
+    """Per (engine, input length >= 1024): SwiftKV 50% over base, median of interleaved rounds' ratios."""
+    from analysis.serving import speedup_intervals
+
+    df, path = _serving(reports, "throughput")
+    rows = speedup_intervals(df)
+    rows = rows[(rows["variant"] == SWIFTKV) & (rows["input_len"] >= 1024)]
+    if rows.empty:
+        raise NoEvidence(path, f"no {SWIFTKV} row at an input length >= 1024 in {path}")
+    enough = rows["n_repeats"].fillna(0) >= MIN_REPEATS
+    points = [_interval_point(_engine_point(r, "input_len", "tokens in"), r, "speedup_paired", ok)
+              for (_, r), ok in zip(rows.iterrows(), enough)]
+    return Evidence(points, [path], powered=bool(enough.all()),
+                    short="" if enough.all() else f"some points have fewer than {MIN_REPEATS} interleaved repeats")
+
+
+def _latency(metric: str, skip_lowest: bool = False):
+    """Per (engine, request rate): SwiftKV 50%'s median TTFT (or TPOT) over base's, on the same requests."""
+
+    def evaluate(reports: Path) -> Evidence:
+        from analysis.serving import latency_intervals
+
+        df, path = _serving(reports, "latency")
+        rows = latency_intervals(df)
+        rows = rows[rows["variant"] == SWIFTKV].sort_values(["engine", "request_rate"])
+        if rows.empty:
+            raise NoEvidence(path, f"no {SWIFTKV} row in {path}")
+        enough = rows["n_requests_timed"].fillna(0) >= MIN_REQUESTS
+        points, note = [], []
+        for (_, r), ok in zip(rows.iterrows(), enough):
+            p = _interval_point(_engine_point(r, "request_rate", "req/s"), r, f"{metric}_ratio", ok)
+            lowest = r["request_rate"] == rows.loc[rows["engine"] == r["engine"], "request_rate"].min()
+            if skip_lowest and lowest:  # registered: reported, not deciding (the paper expects no change there)
+                note.append(f"{p.label}: {p.estimate:.4g} [{p.lo:.4g}, {p.hi:.4g}] (lowest rate, not deciding)")
+            else:
+                points.append(p)
+        return Evidence(points, [path], powered=bool(enough.all()), note="; ".join(note),
+                        short="" if enough.all() else f"some rates have fewer than {MIN_REQUESTS} requests")
+
+    return evaluate
+
+
 def _memory_limits(reports: Path) -> Evidence:
-    """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest."""
+    """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest, each the median
+    of the rounds' ratios, the difference's interval by resampling each limit's rounds; without the raw serving
+    results, the single-run Table 3 stands in."""
+    from analysis.stats import median_difference_ci
+
+    try:
+        df, path = _serving(reports, "kv-limit")
+    except NoEvidence:
+        return _memory_limits_table(reports)
+    points, enough = [], True
+    for engine, g in df[df["again_of"].isna()].groupby("engine"):
+        runs = {(r["kv_limit_bytes"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
+        limits = sorted(k for k, v in runs if v == ACROSSKV and isinstance(runs.get((k, SWIFTKV)), list)
+                        and isinstance(runs[(k, v)], list))
+        if len(limits) < 2:
+            continue
+        ratios = {k: [a / b for a, b in zip(runs[(k, ACROSSKV)], runs[(k, SWIFTKV)])] for k in (limits[0], limits[-1])}
+        est = median_difference_ci(ratios[limits[0]], ratios[limits[-1]])
+        n = min(len(v) for v in ratios.values())
+        enough &= n >= MIN_REPEATS
+        lo, hi = (est.low, est.high) if n >= MIN_REPEATS else (math.nan, math.nan)
+        points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats)",
+                            est.value, lo, hi))
+    if not points:
+        raise NoEvidence(path, f"no engine with {ACROSSKV} and {SWIFTKV} at two KV limits in {path}")
+    return Evidence(points, [path], powered=enough,
+                    short="" if enough else f"some limits have fewer than {MIN_REPEATS} interleaved repeats")
+
+
+def _memory_limits_table(reports: Path) -> Evidence:
+    """The single-run reading of Table 3 (no interval): stands in until the raw serving results are committed."""
     df, path = _csv(reports, "table3.csv")
     df = df[df.status == "measured"].copy()
     df["mib"] = df.kv_limit.str.extract(r"([\d.]+)\s*MiB", expand=False).astype(float)
     points = []
     for engine, g in df.groupby("engine"):
         t = g.pivot_table(index="mib", columns="variant", values="throughput_tok_s")
-        if {"swiftkv-50", "swiftkv-50-acrosskv-3"} - set(t.columns) or len(t) < 2:
+        if {SWIFTKV, ACROSSKV} - set(t.columns) or len(t) < 2:
             continue
-        ratio = (t["swiftkv-50-acrosskv-3"] / t["swiftkv-50"]).sort_index()
+        ratio = (t[ACROSSKV] / t[SWIFTKV]).sort_index()
         points.append(_single_run(f"{engine}: {ratio.index[0]:g} vs {ratio.index[-1]:g} MiB",
                                   ratio.iloc[0] - ratio.iloc[-1]))
     if not points:
@@ -154,10 +263,43 @@ def _memory_limits(reports: Path) -> Evidence:
     return Evidence(points, [path])
 
 
-def _sharegpt_trend(reports: Path) -> Evidence:
-    """Per engine: Spearman correlation of the filter's input/output ratio with the SwiftKV 50% speedup."""
+def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evidence:
+    """Per engine: the Spearman correlation of the filter's minimum input/output ratio with the SwiftKV 50% speedup
+    (each filter's median over rounds of the round's ratio); interval: rounds resampled within each filter. Without
+    the raw serving results, the single-run Table A.3 stands in."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    try:
+        df, path = _serving(reports, "sharegpt")
+    except NoEvidence:
+        return _sharegpt_trend_table(reports)
+    rng = np.random.default_rng(seed)
+    points, enough = [], True
+    for engine, g in df[df["again_of"].isna()].groupby("engine"):
+        by = {(r["min_ratio"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
+        filters = sorted(k for k, v in by if v == SWIFTKV and isinstance(by[(k, v)], list)
+                         and isinstance(by.get((k, "base")), list))
+        if len(filters) < 2:
+            continue
+        ratios = [np.array(by[(k, SWIFTKV)]) / np.array(by[(k, "base")]) for k in filters]
+        rho = spearmanr(filters, [np.median(r) for r in ratios]).statistic
+        n = min(len(r) for r in ratios)
+        enough &= n >= MIN_REPEATS
+        boot = [spearmanr(filters, [np.median(rng.choice(r, len(r))) for r in ratios]).statistic
+                for _ in range(resamples)]
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if n >= MIN_REPEATS else (math.nan, math.nan)
+        points.append(Point(f"{engine} ({len(filters)} ratios, {n} repeats)", float(rho), float(lo), float(hi)))
+    if not points:
+        raise NoEvidence(path, f"fewer than two measured ratios per engine in {path}")
+    return Evidence(points, [path], powered=enough,
+                    short="" if enough else f"some filters have fewer than {MIN_REPEATS} interleaved repeats")
+
+
+def _sharegpt_trend_table(reports: Path) -> Evidence:
+    """The single-run reading of Table A.3 (no interval): stands in until the raw serving results are committed."""
     df, path = _csv(reports, "tableA3.csv")
-    df = df[(df.status == "measured") & (df.variant == "swiftkv-50")]
+    df = df[(df.status == "measured") & (df.variant == SWIFTKV)]
     points = []
     for engine, g in df.groupby("engine"):
         if len(g) >= 2:
@@ -193,10 +335,9 @@ EVALUATORS = {
     "partial-beats-full": _seeded(["swiftkv-50-full"], "swiftkv-50", negate=True, table="table4b.csv"),
     "acrosskv-beats-mqa": _seeded(["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", negate=True, table="tableB2.csv"),
     "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", None, "delta_ref", kv_cache="fp8"),
-    "throughput-gain": _awaiting("throughput repeats (>= 5 per point) are not run yet; Fig. 3's single runs are in "
-                                 "results/"),
-    "ttft-lower": _awaiting("latency runs of >= 50 requests per rate are not run yet"),
-    "tpot-lower": _awaiting("latency runs of >= 50 requests per rate are not run yet"),
+    "throughput-gain": _throughput_gain,
+    "ttft-lower": _latency("ttft"),
+    "tpot-lower": _latency("tpot", skip_lowest=True),
     "acrosskv-helps-under-memory-limits": _memory_limits,
     "speedup-grows-with-input-output-ratio": _sharegpt_trend,
 }

@@ -37,14 +37,21 @@ class Point:
     lo: float
     hi: float
     paper: float | None = None  # exact rules: the paper's value at this point
+    # serving claims: the point's measured noise floor (the reference against itself), which the effect must clear
+    # to hold; (nan, nan) when it was not measured, so that the point cannot hold
+    noise: tuple[float, float] | None = None
 
 
 def _direction(rule: Rule, p: Point) -> str:
     if any(math.isnan(v) for v in (p.lo, p.hi)):
         return UNCLEAR
     if rule.direction == "above":
-        return HOLDS if p.lo > rule.threshold else FAILS if p.hi < rule.threshold else UNCLEAR
-    return HOLDS if p.hi < rule.threshold else FAILS if p.lo > rule.threshold else UNCLEAR
+        verdict = HOLDS if p.lo > rule.threshold else FAILS if p.hi < rule.threshold else UNCLEAR
+        clears = p.noise is None or p.lo > p.noise[1]  # a nan bound compares False: not cleared
+    else:
+        verdict = HOLDS if p.hi < rule.threshold else FAILS if p.lo > rule.threshold else UNCLEAR
+        clears = p.noise is None or p.hi < p.noise[0]
+    return UNCLEAR if verdict == HOLDS and not clears else verdict
 
 
 def _margin(rule: Rule, p: Point) -> str:

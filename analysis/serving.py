@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.io import read_json, save_figure  # noqa: E402
+from analysis.stats import BootstrapSettings, Interval, median_ci, paired_median_ratio_ci  # noqa: E402
 
 ENGINE_NAMES = {"hf": "{version} generate()", "vllm": "vLLM {version}"}
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -55,6 +56,8 @@ def load_results(paths) -> pd.DataFrame:
         frame = pd.DataFrame(rows)
         for key, value in run.items():
             frame[key] = value
+        again = {v["id"]: v.get("again_of") for v in data.get("variants", [])}  # noise-floor copies (--noise-floor)
+        frame["again_of"] = frame["variant"].map(again)
         frames.append(frame)
     if not frames:
         return pd.DataFrame()
@@ -78,17 +81,111 @@ def _status_text(row) -> str:
     return f"{row.get('status')}: {row.get('reason')}"
 
 
+# -- intervals: every ratio with its interval, beside the measured noise floor --------------------------------
+#
+# A throughput point's repeats run interleaved (round i runs every variant once), so the speedup estimator is the
+# median over rounds of the same round's ratio to the reference, with a bootstrap interval over rounds. A latency
+# point replays the same requests (prompts, arrivals) for every variant, so a TTFT or TPOT ratio is the ratio of
+# medians with an interval from resampling requests (paired). The noise floor of a point is the same estimate for
+# the reference's second copy (variant "<reference>-again", swiftkv bench serve --noise-floor) against the
+# reference: what the machine alone gives.
+
+POINT_KEY = {"throughput": "input_len", "kv-limit": "kv_limit_bytes", "sharegpt": "min_ratio",
+             "latency": "request_rate"}
+NAN_INTERVAL = Interval(float("nan"), float("nan"), float("nan"))
+INTERVAL_COLUMNS = ("speedup_paired", "speedup_paired_lo", "speedup_paired_hi", "n_repeats", "speedup_paired_noise_lo",
+                    "speedup_paired_noise_hi")  # speedup_intervals' columns, as Tables 3 and A.3 show them
+
+
+def _reference(g: pd.DataFrame) -> str:
+    """The variant a point's ratios are relative to: the one its noise-floor copy repeats, else base, else the first."""
+    again = g["again_of"].dropna() if "again_of" in g else pd.Series(dtype=object)
+    if len(again):
+        return again.iloc[0]
+    return "base" if (g["variant"] == "base").any() else g["variant"].iloc[0]
+
+
+def _values(row, column: str) -> list | None:
+    value = row.get(column)
+    return list(value) if isinstance(value, list) and value else None
+
+
+def repeat_ratio(runs: list | None, ref: list | None, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
+    """Median over rounds of runs[i] / ref[i] with its interval; nan without per-round numbers for both."""
+    if runs is None or ref is None or len(runs) != len(ref):
+        return NAN_INTERVAL
+    return median_ci([a / b for a, b in zip(runs, ref)], settings)
+
+
+def request_ratio(values: list | None, ref: list | None, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
+    """median(values) / median(ref) over the requests both have (paired by position), with its interval."""
+    if values is None or ref is None or len(values) != len(ref):
+        return NAN_INTERVAL
+    pairs = [(a, b) for a, b in zip(values, ref) if a is not None and b is not None]
+    if not pairs:
+        return NAN_INTERVAL
+    return paired_median_ratio_ci([a for a, _ in pairs], [b for _, b in pairs], settings)
+
+
+def _with_intervals(measured: pd.DataFrame, metrics: dict[str, tuple[str, callable]],
+                    settings: BootstrapSettings) -> pd.DataFrame:
+    """``measured`` plus, for each metric name -> (per-row list column, estimator): <name>, <name>_lo, <name>_hi and
+    the point's noise floor <name>_noise_lo / _noise_hi (nan where the point has no noise-floor copy)."""
+    out = measured.copy().reset_index(drop=True)
+    cols = [f"{m}{suffix}" for m in metrics for suffix in ("", "_lo", "_hi", "_noise_lo", "_noise_hi")]
+    for col in cols:
+        out[col] = float("nan")
+    if out.empty or "study" not in out:
+        return out
+    point = out.apply(lambda r: (r["source"], r["study"], r.get(POINT_KEY.get(r["study"], "study"))), axis=1)
+    for _, g in out.groupby(point, sort=False):
+        ref_name = _reference(g)
+        ref = g[g["variant"] == ref_name]
+        if ref.empty:
+            continue
+        ref = ref.iloc[0]
+        again = g[g["again_of"] == ref_name] if "again_of" in g else g.iloc[:0]
+        for name, (column, estimator) in metrics.items():
+            noise = estimator(_values(again.iloc[0], column), _values(ref, column), settings) if len(again) \
+                else NAN_INTERVAL
+            for i, row in g.iterrows():
+                est = estimator(_values(row, column), _values(ref, column), settings)
+                out.loc[i, [name, f"{name}_lo", f"{name}_hi", f"{name}_noise_lo", f"{name}_noise_hi"]] = [
+                    est.value, est.low, est.high, noise.low, noise.high]
+    return out
+
+
+def speedup_intervals(measured: pd.DataFrame, settings: BootstrapSettings = BootstrapSettings()) -> pd.DataFrame:
+    """Throughput, kv-limit and sharegpt rows with ``speedup_paired`` (the median over rounds of the round's ratio to
+    the reference), its 95% interval ``speedup_paired_lo``/``_hi``, the point's noise floor
+    ``speedup_paired_noise_lo``/``_hi``, and ``n_repeats``."""
+    out = _with_intervals(measured, {"speedup_paired": ("throughput_runs_tok_s", repeat_ratio)}, settings)
+    out["n_repeats"] = out.get("throughput_runs_tok_s", pd.Series(index=out.index, dtype=object)).map(
+        lambda v: len(v) if isinstance(v, list) else float("nan"))
+    return out
+
+
+def latency_intervals(measured: pd.DataFrame, settings: BootstrapSettings = BootstrapSettings()) -> pd.DataFrame:
+    """Latency rows with ``ttft_ratio`` and ``tpot_ratio`` (this variant's median over the reference's, on the same
+    requests), their 95% intervals and the rate's noise floor, and ``n_requests_timed``."""
+    metrics = {"ttft_ratio": ("ttft_ms", request_ratio), "tpot_ratio": ("tpot_ms", request_ratio)}
+    out = _with_intervals(measured, metrics, settings)
+    out["n_requests_timed"] = out.get("ttft_ms", pd.Series(index=out.index, dtype=object)).map(
+        lambda v: len(v) if isinstance(v, list) else float("nan"))
+    return out
+
+
 # -- tables ---------------------------------------------------------------------------------------------------
 
 
 def table3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Throughput under KV-cache limits: measured rows (every source), then the paper's (memory limits on H100)."""
     cols = ["source", "engine", "hardware", "model", "kv_limit", "variant", "label", "input_len", "output_len",
-            "num_requests", "batch_size", "throughput_tok_s", "speedup", "predicted_speedup", "kv_cache_bytes",
-            "kv_cache_tokens", "status"]
+            "num_requests", "batch_size", "throughput_tok_s", "speedup", *INTERVAL_COLUMNS,
+            "predicted_speedup", "kv_cache_bytes", "kv_cache_tokens", "status"]
     out = []
     if not measured.empty:
-        m = measured.copy()
+        m = speedup_intervals(measured)
         m["kv_limit"] = (m["kv_limit_bytes"] / 2**20).map(lambda v: f"{v:g} MiB KV cache") if "kv_limit_bytes" in m \
             else None
         m["status"] = m.apply(_status_text, axis=1)
@@ -108,10 +205,11 @@ def table_a3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """ShareGPT by minimum input/output ratio: mean ratio and throughput per filter, measured then paper."""
     cols = ["source", "engine", "hardware", "model", "min_ratio", "mean_ratio", "mean_ratio_per_request",
             "num_requests", "mean_input_len", "mean_output_len", "variant", "label", "throughput_tok_s", "speedup",
-            "predicted_speedup", "status"]
+            *INTERVAL_COLUMNS, "predicted_speedup", "status"]
     out = []
     if not measured.empty:
-        m = measured.rename(columns={"ratio_of_sums": "mean_ratio", "mean_ratio": "mean_ratio_per_request"})
+        m = speedup_intervals(measured).rename(columns={"ratio_of_sums": "mean_ratio",
+                                                        "mean_ratio": "mean_ratio_per_request"})
         m["status"] = m.apply(_status_text, axis=1)
         out.append(m.reindex(columns=cols))
     p = paper.copy()
@@ -163,7 +261,12 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
         if _not_measured(top, sub, _short(source)):
             bottom.axis("off")
             continue
-        ok = sub[sub["status"] == "measured"]
+        ok = speedup_intervals(sub[sub["status"] == "measured"])
+        noise = ok.groupby("input_len")[["speedup_paired_noise_lo", "speedup_paired_noise_hi"]].first().dropna()
+        if len(noise):  # what the reference's second copy measured against it: the machine's spread
+            bottom.fill_between(noise.index, noise["speedup_paired_noise_lo"], noise["speedup_paired_noise_hi"],
+                                color="grey", alpha=0.3, label="noise floor (base vs base)")
+        ok = ok[ok["again_of"].isna()] if "again_of" in ok else ok
         colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("input_len")
@@ -174,8 +277,12 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             top.errorbar(g["input_len"], g["throughput_tok_s"], yerr=err, marker="o", capsize=3,
                          label=g["label"].iloc[0], color=colors[variant])
             if variant != "base":
-                bottom.plot(g["input_len"], g["speedup"], marker="o", color=colors[variant],
-                            label=f"{g['label'].iloc[0]} measured")
+                paired = g["speedup_paired"].notna() & g["speedup_paired_lo"].notna()
+                y = g["speedup_paired"].where(paired, g["speedup"])
+                yerr = [(y - g["speedup_paired_lo"]).where(paired, 0), (g["speedup_paired_hi"] - y).where(paired, 0)]
+                bottom.errorbar(g["input_len"], y, yerr=yerr, marker="o", capsize=3, color=colors[variant],
+                                label=f"{g['label'].iloc[0]} measured" + (" (95% CI over repeats)" if paired.any()
+                                                                          else ""))
                 if g["predicted_speedup"].notna().any():
                     bottom.plot(g["input_len"], g["predicted_speedup"], ls="--", color=colors[variant],
                                 label=f"{g['label'].iloc[0]} predicted (FLOPs)")
@@ -230,6 +337,7 @@ def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             bottom.axis("off")
             continue
         ok = sub[sub["status"] == "measured"]
+        ok = ok[ok["again_of"].isna()] if "again_of" in ok else ok  # the noise-floor copy: in the claims' table
         colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("request_rate")

@@ -60,10 +60,14 @@ def main(argv):
         rate = float(opt(argv, "--request-rate"))
         time.sleep(float(os.environ.get("FAKE_VLLM_BENCH_SLEEP", "0")))
         out = os.path.join(opt(argv, "--result-dir"), opt(argv, "--result-filename"))
-        json.dump({"median_ttft_ms": 100 + 10 * rate, "mean_ttft_ms": 110.0, "p90_ttft_ms": 150.0,
-                   "median_tpot_ms": 10.0, "mean_tpot_ms": 11.0, "p90_tpot_ms": 12.0, "median_e2el_ms": 500.0,
-                   "duration": 2.0, "completed": int(opt(argv, "--num-prompts")), "failed": 0,
-                   "total_token_throughput": 321.0}, open(out, "w"))
+        n = int(opt(argv, "--num-prompts"))
+        result = {"median_ttft_ms": 100 + 10 * rate, "mean_ttft_ms": 110.0, "p90_ttft_ms": 150.0,
+                  "median_tpot_ms": 10.0, "mean_tpot_ms": 11.0, "p90_tpot_ms": 12.0, "median_e2el_ms": 500.0,
+                  "duration": 2.0, "completed": n, "failed": 0, "total_token_throughput": 321.0}
+        if "--save-detailed" in argv:  # per request: TTFT (s), inter-token gaps (s)
+            result.update(ttfts=[(100 + 10 * rate + i) / 1e3 for i in range(n)], itls=[[0.01, 0.012]] * n,
+                          generated_texts=["x"] * n)
+        json.dump(result, open(out, "w"))
         return 0
     print(f"fake vllm: unknown command {argv}", file=sys.stderr)
     return 2

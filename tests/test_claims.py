@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import itertools
 import random
 from pathlib import Path
@@ -193,3 +195,16 @@ def test_the_readme_counts_match_the_committed_claims_csv():
     decided_hold = int(((frame.status == "decided") & (frame.verdict == HOLDS)).sum())
     assert (int(m[1]), int(m[2]), int(m[3])) == (decided_hold, int((frame.status == "provisional").sum()),
                                                  int((frame.status == "awaiting").sum()))
+
+
+def test_a_serving_effect_must_clear_the_measured_noise_floor_to_hold():
+    """The registry's `noise`: a speedup whose interval clears 1.0 but not the base-vs-base interval cannot be told
+    from the machine's noise; an unmeasured noise floor (nan) never lets a point hold; failing is unaffected."""
+    above = Rule(kind="every_point", direction="above", threshold=1.0)
+    assert point_verdict(above, Point("p", 1.10, 1.05, 1.15, noise=(0.97, 1.03))) == HOLDS
+    assert point_verdict(above, Point("p", 1.10, 1.05, 1.15, noise=(0.93, 1.07))) == UNCLEAR
+    assert point_verdict(above, Point("p", 1.10, 1.05, 1.15, noise=(math.nan, math.nan))) == UNCLEAR
+    assert point_verdict(above, Point("p", 0.90, 0.85, 0.95, noise=(0.93, 1.07))) == FAILS
+    below = Rule(kind="every_point", direction="below", threshold=1.0)
+    assert point_verdict(below, Point("p", 0.6, 0.55, 0.65, noise=(0.9, 1.1))) == HOLDS
+    assert point_verdict(below, Point("p", 0.95, 0.92, 0.97, noise=(0.93, 1.07))) == UNCLEAR

@@ -164,7 +164,25 @@ def test_hf_latency_static_batching():
     assert all(r["mean_batch_size"] == 3 for r in burst)  # all arrived at once: one batch
     for r in rows:
         assert r["median_ttft_ms"] > 0 and r["median_tpot_ms"] > 0 and r["median_e2el_ms"] >= r["median_ttft_ms"]
+        # every request's own TTFT and TPOT, in arrival order: what the intervals of the latency claims resample
+        assert len(r["ttft_ms"]) == len(r["tpot_ms"]) == 3
+        assert sorted(r["ttft_ms"])[1] == pytest.approx(r["median_ttft_ms"], abs=1e-3)
     assert {r["variant"] for r in rows} == {"base", "swiftkv", "acrosskv"}
+
+
+def test_noise_floor_measures_the_reference_again_interleaved():
+    """--noise-floor: the reference once more, last, as '<id>-again'; measured in every round like any variant, so
+    its speedup over the reference is the spread the machine alone gives."""
+    specs = parse_variants(["base", "swiftkv=3"], noise_floor=True)
+    assert [(s.id, s.again_of, s.label) for s in specs] == [
+        ("base", None, None), ("swiftkv", None, None), ("base-again", "base", "base (again)")]
+    engine = HFEngine(tiny_base(num_hidden_layers=6), specs, HFSettings(batch_size=2, warmup=0, repeats=3),
+                      progress=False)
+    rows = engine.throughput([12], output_len=3, num_requests=2)
+    again = next(r for r in rows if r["variant"] == "base-again")
+    assert len(again["throughput_runs_tok_s"]) == 3 and again["speedup"] > 0
+    assert engine.models["base-again"] is engine.models["base"]  # the same model, timed in its own slot
+    assert [s.id for s in parse_variants(["swiftkv=3", "other=2"], noise_floor=True)][-1] == "swiftkv-again"
 
 
 def test_hf_sharegpt_uses_selected_lengths(word_tokenizer):
@@ -284,6 +302,7 @@ def test_vllm_latency_server_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_PIDS", str(pids))
     rows = _vllm(tmp_path, ["base"]).latency(16, 4, 2, [1.0, 4.0])
     assert [r["median_ttft_ms"] for r in rows] == [110.0, 140.0]
+    assert rows[0]["ttft_ms"] == [110.0, 111.0] and rows[0]["tpot_ms"] == [11.0, 11.0]  # --save-detailed, per request
     server, child = map(int, pids.read_text().split())
     time.sleep(0.5)
     assert not _alive(server) and not _alive(child)
@@ -379,6 +398,8 @@ def test_report_tables_and_figures(tmp_path):
 
     engine = _vllm(tmp_path, ["base", '{"id": "swiftkv-50", "model": "m-swiftkv", "num_key_value_layers": 2}'])
     hf = _engine(memory=False)
+    noisy = HFEngine(tiny_base(num_hidden_layers=6), parse_variants(["base", "swiftkv=3"], noise_floor=True),
+                     HFSettings(batch_size=2, warmup=0, repeats=3, memory=False), progress=False)
 
     def dump(name, engine_name, study, rows, **extra):
         path = tmp_path / f"{name}.json"
@@ -387,10 +408,12 @@ def test_report_tables_and_figures(tmp_path):
         return path
 
     tput = [dump("t1", "vllm", "throughput", engine.throughput([16, 32], 4, 2)),
-            dump("t2", "hf", "throughput", hf.throughput([8, 16], 2, 2)),
+            dump("t2", "hf", "throughput", noisy.throughput([8, 16], 2, 2),
+                 variants=[sp.to_dict() for sp in noisy.specs.values()]),
             dump("t3", "vllm", "throughput", [], status="not_measured", reason="no GPU here", device="cuda")]
     df = load_results(tput)
     assert set(df["status"]) == {"measured", "not_measured"}
+    assert df.loc[df["variant"] == "base-again", "again_of"].tolist() == ["base", "base"]  # from the run's variants
     assert df["source"].nunique() == 3 and (df.loc[df["status"] == "not_measured", "hardware"] == "cuda").all()
     figure3(df, paper_table("figure3_throughput.csv"), tmp_path / "f3.png")
     assert (tmp_path / "f3.png").stat().st_size > 10_000

@@ -265,6 +265,9 @@ def add_parsers(bench) -> None:
     p.add_argument("--engine", choices=ENGINES, required=True)
     p.add_argument("--study", choices=STUDIES, required=True)
     p.add_argument("--variant", action="append", metavar="SPEC", help="a variant (see above); repeat for several")
+    p.add_argument("--noise-floor", action="store_true",
+                   help="measure the reference variant (base) a second time, interleaved with the others, as the "
+                   "variant '<id>-again': its speedup over the reference is the noise floor of every speedup")
     p.add_argument("--input-lens", type=int, nargs="+", default=[1024], help="prompt lengths (latency, kv-limit: one)")
     p.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default 64)")
     p.add_argument("--num-requests", type=int, default=4, help="requests per point (default 4)")

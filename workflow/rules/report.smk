@@ -42,6 +42,8 @@ rule make_claims:
     input:
         registry="analysis/claims.yaml",
         tables=expand("reports/{name}.csv", name=CLAIM_TABLES),
+        # the serving claims read every repeat and request (analysis/evidence.py)
+        serving=[serving_raw(study) for study in SERVE_STUDIES if serve_results(study)],
     output:
         "reports/claims.csv",
     log:

@@ -106,6 +106,7 @@ def serve_request(wildcards, input, output, threads):
         w = SERVE[study.replace("-", "_")]  # throughput / latency / kv_limit
         r.update(input_lens=w.get("input_lens") or [w["input_len"]], output_len=w["output_len"],
                  num_requests=w["num_requests"], request_rates=w.get("request_rates"), kv_limits_mib=w.get("limits_mib"))
+    r["noise_floor"] = SERVE[engine["engine"]].get("noise_floor", False)
     if engine["engine"] == "hf":
         r.update({k: SERVE["hf"][k] for k in ("batch_size", "warmup", "repeats")})
     else:

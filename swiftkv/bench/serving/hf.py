@@ -25,7 +25,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
 from swiftkv.bench.serving.predict import predicted_speedup
-from swiftkv.bench.serving.variants import VariantSpec
+from swiftkv.bench.serving.variants import VariantSpec, reference_of
 from swiftkv.bench.serving.workloads import Request, poisson_arrivals, random_prompts, workload_stats
 from swiftkv.bench.speed import summarize
 from swiftkv.cache import cache_bytes, expected_cache_bytes
@@ -88,7 +88,7 @@ class HFEngine:
         self.device = next(base.parameters()).device
         self.specs = {s.id: s for s in specs}
         self.models = {s.id: self._build(s) for s in specs}
-        self.reference = "base" if "base" in self.models else specs[0].id
+        self.reference = reference_of(specs).id
         pad = getattr(base.generation_config, "pad_token_id", None)
         if pad is None:
             pad = getattr(base.config, "pad_token_id", None)
@@ -185,6 +185,7 @@ class HFEngine:
             "num_key_value_layers": spec.num_key_value_layers,
             "key_value_group_size": spec.key_value_group_size if spec.is_swiftkv else None,
             "throughput_tok_s": tokens / stats["median_s"],
+            "throughput_runs_tok_s": tput,  # one per round, in round order (paired with the other variants')
             "throughput_q1_tok_s": statistics.quantiles(tput, n=4)[0] if len(tput) > 1 else tput[0],
             "throughput_q3_tok_s": statistics.quantiles(tput, n=4)[2] if len(tput) > 1 else tput[0],
             "elapsed_s": stats["median_s"],
@@ -309,6 +310,8 @@ class HFEngine:
             return statistics.median(vals) if q is None else vals[min(len(vals) - 1, int(q * len(vals)))]
 
         return {
+            # per request, in arrival order (the same order, prompts and arrivals for every variant at this rate)
+            "ttft_ms": [round(v * 1e3, 3) for v in ttft], "tpot_ms": [round(v * 1e3, 3) for v in tpot],
             "median_ttft_ms": ms(ttft), "mean_ttft_ms": statistics.mean(ttft) * 1e3, "p90_ttft_ms": ms(ttft, 0.9),
             "median_tpot_ms": ms(tpot), "mean_tpot_ms": statistics.mean(tpot) * 1e3, "p90_tpot_ms": ms(tpot, 0.9),
             "median_e2el_ms": ms(e2e), "duration_s": duration, "throughput_tok_s": tokens / duration,

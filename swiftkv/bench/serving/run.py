@@ -26,6 +26,7 @@ class ServeRequest:
     study: str  # throughput | latency | kv-limit | sharegpt
     output: str  # the result JSON
     variant: list[str] | None = None  # variant specs (swiftkv.bench.serving.variants.parse_variants)
+    noise_floor: bool = False  # measure the reference variant twice, interleaved: the base-vs-base noise floor
     input_lens: list[int] = field(default_factory=lambda: [1024])
     output_len: int = 64
     num_requests: int = 4
@@ -141,7 +142,7 @@ def bench_serve(request: ServeRequest) -> dict:
     from swiftkv.bench.serving.workloads import load_selection
 
     _check_request(request)
-    specs = parse_variants(request.variant)
+    specs = parse_variants(request.variant, request.noise_floor)
     filters = None
     if request.study == "sharegpt":
         selection = load_selection(request.requests)

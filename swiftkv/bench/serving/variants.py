@@ -31,6 +31,7 @@ class VariantSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the engine (vLLM plugins)
     args: list[str] = field(default_factory=list)  # extra engine arguments (vLLM)
     label: str | None = None  # legend text; defaults to the id
+    again_of: str | None = None  # a second, interleaved measurement of that variant: the noise floor of a ratio
 
     @property
     def is_swiftkv(self) -> bool:
@@ -68,9 +69,24 @@ def parse_variant(text: str) -> VariantSpec:
     return spec
 
 
-def parse_variants(texts: list[str] | None) -> list[VariantSpec]:
-    """Parsed variants in order, ``base`` first if not given; ids must be unique."""
+def reference_of(specs: list[VariantSpec]) -> VariantSpec:
+    """The variant every speedup is relative to: ``base`` if given, else the first."""
+    return next((s for s in specs if s.id == "base"), specs[0])
+
+
+def again_spec(spec: VariantSpec) -> VariantSpec:
+    """A second copy of ``spec``, measured interleaved with the others like any variant: its ratio to ``spec`` is
+    what the machine's noise alone gives (the base-vs-base noise floor beside every speedup)."""
+    return VariantSpec(**{**asdict(spec), "id": f"{spec.id}-again", "label": f"{spec.label or spec.id} (again)",
+                          "again_of": spec.id})
+
+
+def parse_variants(texts: list[str] | None, noise_floor: bool = False) -> list[VariantSpec]:
+    """Parsed variants in order, ``base`` first if not given; ids must be unique. ``noise_floor``: the reference
+    variant once more, last (``again_spec``)."""
     specs = [parse_variant(t) for t in (texts or ["base"])]
+    if noise_floor:
+        specs.append(again_spec(reference_of(specs)))
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):
         raise SwiftKVError(f"variant ids must be unique, got {ids}")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from swiftkv.bench.serving.predict import predicted_speedup
 from swiftkv.bench.serving.processes import cpu_list, free_port, process_group, tail
-from swiftkv.bench.serving.variants import VariantSpec
+from swiftkv.bench.serving.variants import VariantSpec, reference_of
 from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
 from swiftkv.errors import SwiftKVError
@@ -87,7 +87,7 @@ class VllmEngine:
         self.specs = {s.id: s for s in specs}
         self.settings = settings
         self.workdir = Path(settings.workdir)
-        self.reference = "base" if "base" in self.specs else specs[0].id
+        self.reference = reference_of(specs).id
         self.version: str | None = None
         self.base_config = _model_config(model)
         self._configs = {model: self.base_config}
@@ -220,6 +220,7 @@ class VllmEngine:
                 tput = [r["tokens_per_second"] for r in runs]
                 row.update(
                     throughput_tok_s=statistics.median(tput),
+                    throughput_runs_tok_s=tput,  # one per engine run, in run order (interleaved with the others')
                     throughput_q1_tok_s=statistics.quantiles(tput, n=4)[0] if len(tput) > 1 else tput[0],
                     throughput_q3_tok_s=statistics.quantiles(tput, n=4)[2] if len(tput) > 1 else tput[0],
                     elapsed_s=statistics.median(r["elapsed_time"] for r in runs),
@@ -342,6 +343,7 @@ class VllmEngine:
                                                       "median_e2el_ms", "duration", "completed", "failed")})
                     row["throughput_tok_s"] = r.get("total_token_throughput")
                     row["duration_s"] = row.pop("duration")
+                    row.update(per_request_latency(r))
                 point.append(row)
             ref = next((p for p in point if p["variant"] == self.reference and p.get("median_ttft_ms")), None)
             for r in point:
@@ -358,11 +360,19 @@ class VllmEngine:
                "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
                "--num-prompts", str(num_requests), "--request-rate", str(rate), "--seed", str(self.settings.seed),
                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-               "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+               "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name]
         if self.settings.warmup:
             cmd += ["--num-warmups", str(self.settings.warmup)]
         self._run(cmd, spec, tag)
         return json.loads(out.read_text())
+
+
+def per_request_latency(result: dict) -> dict:
+    """Per request, in the benchmark's request order, from a ``vllm bench serve --save-detailed`` result: TTFT and
+    TPOT (the mean gap between output tokens) in ms; empty lists where the result has no per-request detail."""
+    ttfts, itls = result.get("ttfts") or [], result.get("itls") or []
+    return {"ttft_ms": [round(t * 1e3, 3) for t in ttfts],
+            "tpot_ms": [round(statistics.mean(gaps) * 1e3, 3) if gaps else None for gaps in itls]}
 
 
 def settings_dict(settings: VllmSettings) -> dict:
