@@ -1,8 +1,8 @@
 """A stand-in for the vLLM CLI (tests only): answers the commands the serving driver uses, instantly.
 
-``bench throughput`` writes a result JSON (SwiftKV model directories get 1.5x the base throughput; a KV cache
-below 1000 bytes fails like vLLM does); ``serve`` answers /health on 127.0.0.1 and starts a child process, and
-records both pids in $FAKE_VLLM_PIDS; ``bench serve`` writes a latency result.
+``bench throughput`` writes a result JSON; ``serve`` answers /health on 127.0.0.1 and starts a child process, and
+records both pids in $FAKE_VLLM_PIDS (a KV cache below 1000 bytes fails like vLLM does); ``bench serve`` writes a
+result with throughput and latency fields. SwiftKV model directories get 1.5x the base throughput.
 """
 
 import http.server
@@ -41,10 +41,15 @@ def main(argv):
                   open(opt(argv, "--output-json"), "w"))
         return 0
     if argv[:1] == ["serve"]:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(os.environ["FAKE_VLLM_PIDS"], "a") as f:
-            f.write(f"{os.getpid()} {child.pid}\n")
         print("INFO Initializing a V1 LLM engine (v0.0-fake) with config: ...", flush=True)
+        if int(opt(argv, "--kv-cache-memory-bytes", "1000000")) < 1000:
+            print("ValueError: the KV cache cannot hold one request", flush=True)
+            return 1
+        print("INFO KV cache size: 4,096 tokens, Maximum concurrency for 64 tokens per request: 64.00x", flush=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        if os.environ.get("FAKE_VLLM_PIDS"):
+            with open(os.environ["FAKE_VLLM_PIDS"], "a") as f:
+                f.write(f"{os.getpid()} {child.pid}\n")
 
         class Health(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -61,9 +66,18 @@ def main(argv):
         time.sleep(float(os.environ.get("FAKE_VLLM_BENCH_SLEEP", "0")))
         out = os.path.join(opt(argv, "--result-dir"), opt(argv, "--result-filename"))
         n = int(opt(argv, "--num-prompts"))
+        if opt(argv, "--dataset-path"):
+            data = json.load(open(opt(argv, "--dataset-path")))
+            inputs = sum(len(c["conversations"][0]["value"].split()) for c in data)
+            outputs = sum(len(c["conversations"][1]["value"].split()) for c in data)
+        else:
+            inputs, outputs = n * int(opt(argv, "--random-input-len")), n * int(opt(argv, "--random-output-len"))
+        tps = 1500.0 if "swiftkv" in opt(argv, "--model") else 1000.0  # what the throughput rounds read
         result = {"median_ttft_ms": 100 + 10 * rate, "mean_ttft_ms": 110.0, "p90_ttft_ms": 150.0,
                   "median_tpot_ms": 10.0, "mean_tpot_ms": 11.0, "p90_tpot_ms": 12.0, "median_e2el_ms": 500.0,
-                  "duration": 2.0, "completed": n, "failed": 0, "total_token_throughput": 321.0}
+                  "duration": (inputs + outputs) / tps, "completed": n, "failed": 0, "total_token_throughput": tps,
+                  "total_input_tokens": inputs, "total_output_tokens": outputs,
+                  "request_throughput": n * tps / (inputs + outputs)}
         if "--save-detailed" in argv:  # per request: TTFT (s), inter-token gaps (s)
             result.update(ttfts=[(100 + 10 * rate + i) / 1e3 for i in range(n)], itls=[[0.01, 0.012]] * n,
                           generated_texts=["x"] * n)

@@ -272,8 +272,12 @@ def test_vllm_throughput_and_kv_limit_rows(tmp_path):
     assert engine.version == "0.0-fake"
     assert [r["speedup"] for r in rows] == [1.0, 1.5, 1.0, 1.5]
     assert rows[0]["engine_total_tokens"] == 3 * 20 and len(rows[0]["runs"]) == 2
-    cmd = (tmp_path / "runs/throughput/in16/base/run0.log").read_text().splitlines()[0]
-    assert "--no-enable-prefix-caching" in cmd and "--kv-cache-memory-bytes" in cmd and "--enforce-eager" in cmd
+    assert rows[0]["throughput_runs_tok_s"] == [1000.0, 1000.0] and rows[0]["kv_cache_tokens"] == 4096
+    assert len(list((tmp_path / "runs/throughput").glob("*.server.log"))) == 2  # one server per variant, all rounds
+    server = (tmp_path / "runs/throughput/base.server.log").read_text().splitlines()[0]
+    assert "--no-enable-prefix-caching" in server and "--kv-cache-memory-bytes" in server and "--enforce-eager" in server
+    round0 = (tmp_path / "runs/throughput/in16/base/run0.log").read_text().splitlines()[0]
+    assert " bench serve " in round0 and "--request-rate inf" in round0 and "--ignore-eos" in round0
     rows = engine.kv_limit(16, 4, 3, [500, 10**6])
     failed = rows[0]
     assert failed["status"] == "not_measured" and "KV cache cannot hold" in failed["reason"]

@@ -4,8 +4,12 @@ vLLM pins its own torch and transformers, so it never runs in this process: ever
 of ``command`` (``bin/vllm-env vllm`` for the CPU build in ``.venv-vllm``, ``vllm`` where a CUDA build is
 installed):
 
-- throughput, kv-limit, sharegpt: ``vllm bench throughput`` (offline engine; one engine start per run);
-- latency: ``vllm serve`` on 127.0.0.1 plus ``vllm bench serve --request-rate R`` for each rate.
+- every study runs ``vllm serve`` on 127.0.0.1, one server per variant, all up at once (an idle server takes ~1% of
+  a CPU); throughput, kv-limit, sharegpt: ``repeats`` rounds, in each every point's prompts are sent at once to
+  every variant's server in turn (``vllm bench serve --request-rate inf``), so rounds interleave variants and
+  start-up (~40 s a server here) is paid once per variant, not once per run; kv-limit: one set of servers per
+  limit (the cache size is the server's);
+- latency: ``vllm bench serve --request-rate R`` for each rate, per-request TTFT and TPOT kept (``--save-detailed``).
 
 Every subprocess gets its own process group and is told to die with this process; the group is terminated in a
 ``finally`` (SIGTERM, then SIGKILL), and SIGTERM to this process runs those ``finally`` blocks, so a failed or
@@ -31,6 +35,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from swiftkv.bench.serving.predict import predicted_speedup
 from swiftkv.bench.serving.processes import cpu_list, free_port, process_group, tail
 from swiftkv.bench.serving.variants import VariantSpec, reference_of
@@ -54,7 +60,7 @@ class VllmSettings:
     max_model_len: int | None = None  # default: the longest request of the study
     threads: int | None = None  # OMP threads of the CPU engine (default: every CPU this process may use)
     warmup: int = 1  # warm-up requests per run (--num-warmups)
-    repeats: int = 1  # engine runs per point (each starts a fresh engine)
+    repeats: int = 1  # rounds per point (every variant's server once per round)
     seed: int = 0
     engine_args: list[str] = field(default_factory=list)  # for every variant (e.g. --tensor-parallel-size 8)
     startup_timeout_s: float = 1800.0
@@ -86,6 +92,7 @@ class VllmEngine:
         self.model = model
         self.specs = {s.id: s for s in specs}
         self.settings = settings
+        self.progress = progress
         self.workdir = Path(settings.workdir)
         self.reference = reference_of(specs).id
         self.version: str | None = None
@@ -183,29 +190,61 @@ class VllmEngine:
                                f"(exit {rc}); log: {log}: {tail(log, 1, 'Error')}")
         return log
 
-    def bench_throughput(self, spec: VariantSpec, dataset_args: list[str], num_prompts: int, max_model_len: int,
-                         kv_bytes: int | None, tag: str) -> dict:
+    def bench_served(self, spec: VariantSpec, url: str, dataset_args: list[str], num_prompts: int, tag: str,
+                     warmup: int = 0) -> dict:
+        """One round of a throughput point on a running server: every prompt at once (``vllm bench serve
+        --request-rate inf``, outputs of their full length); combined tokens/s and the round's wall time."""
         out = self.workdir / f"{tag}.json"
-        cmd = [*self.settings.command, "bench", "throughput", "--model", self.model_of(spec),
-               *self.engine_args(spec, max_model_len, kv_bytes), *dataset_args, "--num-prompts", str(num_prompts),
-               "--num-warmups", str(self.settings.warmup), "--output-json", str(out)]
-        log = self._run(cmd, spec, tag)
-        result = json.loads(out.read_text())
-        result.update(kv_capacity(log))
-        return result
+        cmd = [*self.settings.command, "bench", "serve", "--backend", "vllm", "--base-url", url,
+               "--model", self.model_of(spec), *dataset_args, "--ignore-eos", "--num-prompts", str(num_prompts),
+               "--request-rate", "inf", "--seed", str(self.settings.seed), "--save-result", "--result-dir",
+               str(out.parent), "--result-filename", out.name]
+        if warmup:
+            cmd += ["--num-warmups", str(warmup)]
+        self._run(cmd, spec, tag)
+        r = json.loads(out.read_text())
+        if r.get("failed"):
+            raise RuntimeError(f"{r['failed']} of {num_prompts} requests failed; see {out}")
+        tokens = r["total_input_tokens"] + r["total_output_tokens"]
+        return {"elapsed_time": r["duration"], "num_requests": r["completed"], "total_num_tokens": tokens,
+                "requests_per_second": r["request_throughput"], "tokens_per_second": r["total_token_throughput"]}
 
-    def _repeated(self, point: str, run) -> dict[str, list[dict] | str]:
-        """``repeats`` engine runs per variant, variants interleaved; a failed variant keeps its error line."""
-        results: dict[str, list[dict] | str] = {name: [] for name in self.specs if name not in self.skipped}
-        for rep in range(self.settings.repeats):
-            for name in results:
-                if isinstance(results[name], str):
-                    continue
+    def _rounds(self, tag: str, points: list[tuple[str, list[str], int]], max_model_len: int,
+                kv_bytes: int | None) -> dict[str, dict[str, list[dict] | str]]:
+        """Every variant's server up at once (an idle one takes ~1% of a CPU), then ``repeats`` rounds; in each, every
+        point's workload (name, dataset arguments, prompts) goes to every variant's server in turn, as the hf
+        engine's rounds run, so that a round's ratios compare runs made minutes apart. Server start-up is paid once
+        per variant, not once per run. Returns point -> variant -> its rounds, or the variant's error line."""
+        names = [n for n in self.specs if n not in self.skipped]
+        results: dict[str, dict[str, list[dict] | str]] = {point: {n: [] for n in names} for point, _, _ in points}
+        with contextlib.ExitStack() as stack:
+            urls, capacity = {}, {}
+            for name in names:
                 try:
-                    results[name].append(run(self.specs[name], f"{point}/{name}/run{rep}"))
+                    urls[name] = stack.enter_context(self.server(self.specs[name], max_model_len, f"{tag}/{name}",
+                                                                 kv_bytes))
                 except RuntimeError as err:
                     logger.error("%s", err)
-                    results[name] = str(err)
+                    for point in results:
+                        results[point][name] = str(err)
+                    continue
+                capacity[name] = kv_capacity(self.workdir / f"{tag}/{name}.server.log")
+            bar = tqdm(total=self.settings.repeats * len(points) * len(urls), desc=tag, disable=not self.progress,
+                       leave=False)
+            for rep in range(self.settings.repeats):
+                for point, data, num_prompts in points:
+                    for name, url in urls.items():
+                        bar.update()
+                        if isinstance(results[point][name], str):
+                            continue
+                        try:
+                            run = self.bench_served(self.specs[name], url, data, num_prompts, f"{point}/{name}/run{rep}",
+                                                    self.settings.warmup if rep == 0 else 0)
+                            results[point][name].append({**run, **capacity[name]})
+                        except RuntimeError as err:
+                            logger.error("%s", err)
+                            results[point][name] = str(err)
+            bar.close()
         return results
 
     def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]]) -> list[dict]:
@@ -243,34 +282,35 @@ class VllmEngine:
     def _len(self, needed: int) -> int:
         return self.settings.max_model_len or needed
 
+    def _random(self, input_len: int, output_len: int) -> list[str]:
+        return ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len",
+                str(output_len), "--random-range-ratio", "0"]
+
     def throughput(self, input_lens: list[int], output_len: int, num_requests: int) -> list[dict]:
-        rows = []
         max_len = self._len(max(input_lens) + output_len)
-        for length in input_lens:
-            data = ["--dataset-name", "random", "--random-input-len", str(length), "--random-output-len",
-                    str(output_len), "--random-range-ratio", "0", "--seed", str(self.settings.seed)]
-            results = self._repeated(f"throughput/in{length}", lambda spec, tag: self.bench_throughput(
-                spec, data, num_requests, max_len, self.settings.kv_cache_bytes, tag))
-            rows += self._throughput_rows(results, {"input_len": length, "output_len": output_len,
-                                                    "num_requests": num_requests},
+        points = [(f"throughput/in{n}", self._random(n, output_len), num_requests) for n in input_lens]
+        results = self._rounds("throughput", points, max_len, self.settings.kv_cache_bytes)
+        rows = []
+        for length, (point, _, _) in zip(input_lens, points):
+            rows += self._throughput_rows(results[point], {"input_len": length, "output_len": output_len,
+                                                           "num_requests": num_requests},
                                           [(length, output_len)] * num_requests)
         return rows
 
     def kv_limit(self, input_len: int, output_len: int, num_requests: int, limits_bytes: list[int]) -> list[dict]:
         rows = []
-        data = ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len",
-                str(output_len), "--random-range-ratio", "0", "--seed", str(self.settings.seed)]
         max_len = input_len + output_len  # the smallest model length, so that small caches are accepted
-        for limit in limits_bytes:
-            results = self._repeated(f"kv-limit/{limit}", lambda spec, tag: self.bench_throughput(
-                spec, data, num_requests, max_len, limit, tag))
-            rows += self._throughput_rows(results, {"kv_limit_bytes": limit, "input_len": input_len,
-                                                    "output_len": output_len, "num_requests": num_requests},
+        for limit in limits_bytes:  # the cache size is the server's: one set of servers per limit
+            point = f"kv-limit/{limit}"
+            results = self._rounds(point, [(point, self._random(input_len, output_len), num_requests)], max_len,
+                                   limit)
+            rows += self._throughput_rows(results[point], {"kv_limit_bytes": limit, "input_len": input_len,
+                                                           "output_len": output_len, "num_requests": num_requests},
                                           [(input_len, output_len)] * num_requests)
         return rows
 
     def sharegpt(self, filters: list[dict]) -> list[dict]:
-        rows = []
+        points, lengths = [], []
         for entry in filters:
             requests = [Request(**r) for r in entry["requests"]]
             too_long = [r.id for r in requests if r.input_len > 1024 or r.input_len + r.output_len > 2048]
@@ -279,21 +319,26 @@ class VllmEngine:
                                    f"({too_long[:3]}...): select with --max-input-len <= 1024")
             path = self.workdir / f"sharegpt/ratio{entry['min_ratio']}/requests.json"
             write_vllm_sharegpt(requests, path)
-            max_len = self._len(max(r.input_len + r.output_len for r in requests))
-            data = ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--no-oversample"]
-            results = self._repeated(f"sharegpt/ratio{entry['min_ratio']}", lambda spec, tag: self.bench_throughput(
-                spec, data, len(requests), max_len, self.settings.kv_cache_bytes, tag))
-            rows += self._throughput_rows(results, {"min_ratio": entry["min_ratio"], "passing": entry.get("passing"),
-                                                    **workload_stats(requests)},
-                                          [(r.input_len, r.output_len) for r in requests])
+            points.append((f"sharegpt/ratio{entry['min_ratio']}",
+                           ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--no-oversample"], len(requests)))
+            lengths.append([(r.input_len, r.output_len) for r in requests])
+        max_len = self._len(max(i + o for pairs in lengths for i, o in pairs))
+        results = self._rounds("sharegpt", points, max_len, self.settings.kv_cache_bytes)
+        rows = []
+        for entry, (point, _, _), pairs in zip(filters, points, lengths):
+            requests = [Request(**r) for r in entry["requests"]]
+            rows += self._throughput_rows(results[point], {"min_ratio": entry["min_ratio"],
+                                                           "passing": entry.get("passing"), **workload_stats(requests)},
+                                          pairs)
         return rows
 
     @contextlib.contextmanager
-    def server(self, spec: VariantSpec, max_model_len: int, tag: str):
-        """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL."""
+    def server(self, spec: VariantSpec, max_model_len: int, tag: str, kv_bytes: int | None = None):
+        """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL. ``kv_bytes``: its KV
+        cache (default: the settings')."""
         port = free_port()
         cmd = [*self.settings.command, "serve", self.model_of(spec), "--host", "127.0.0.1", "--port", str(port),
-               *self.engine_args(spec, max_model_len, self.settings.kv_cache_bytes)]
+               *self.engine_args(spec, max_model_len, kv_bytes or self.settings.kv_cache_bytes)]
         log = self.workdir / f"{tag}.server.log"
         with process_group(cmd, self.env(spec), log) as proc:
             url = f"http://127.0.0.1:{port}"
