@@ -126,7 +126,7 @@ def engine_runs(tmp_path_factory):
                                             return_dict=True)["input_ids"]) for p in PROMPTS]
     work = tmp_path_factory.mktemp("vllm")
     (work / "prompts.json").write_text(json.dumps(prompts))
-    runs = {}
+    runs, procs = {}, {}
     for name, g, env in (("l15", 1, {}), ("l15-g3", 3, {}), ("l15-noskip", 1, {"SWIFTKV_VLLM_PREFILL_SKIP": "0"})):
         ckpt = work / f"ckpt-g{g}"
         if not ckpt.exists():
@@ -145,9 +145,14 @@ def engine_runs(tmp_path_factory):
         cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(ckpt), "--prompts",
                str(work / "prompts.json"), "--max-tokens", str(NEW_TOKENS), "--max-num-batched-tokens", str(BUDGET),
                "--max-num-seqs", "4", "--kv-cache-gib", "1", "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", **env))
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # the three engines start side by side (start-up is mostly single-threaded imports and loading); greedy
+        # outputs and the step counts do not depend on timing
+        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", **env)),
+                       out, ckpt)
+    for name, (proc, out, ckpt) in procs.items():
+        log, _ = proc.communicate()
+        assert proc.returncode == 0, log[-6000:]
         result = json.loads(out.read_text())
         result["reference"] = json.loads((ckpt / "reference.json").read_text())
         runs[name] = result
@@ -192,36 +197,55 @@ def test_acrosskv_cache_holds_more_tokens(engine_runs):
     assert g3 / g1 == pytest.approx(30 / 20, rel=0.01)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family,teacher", [("llama", False), ("qwen2", False), ("llama", True)])
-def test_tiny_random_family_matches_transformers(tmp_path, family, teacher):
-    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
-    and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
+FAMILY_CASES = [("llama", False), ("qwen2", False), ("llama", True)]
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory):
+    """Tiny random checkpoints of both registered families, their transformers greedy outputs, and the plugin's
+    (the three engines started side by side: start-up is most of their time)."""
     from swiftkv import convert_to_swiftkv
     from tests.conftest import random_ids, tiny_base
 
     python = _vllm_python_or_skip()
-    # head_dim 32: the smallest the CPU attention backend runs
-    base = tiny_base(family, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
-    student = convert_to_swiftkv(base, 2, 2).swiftkv(not teacher)
-    student.save_pretrained(tmp_path / "ckpt")
     prompts = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 37, 12, 50)]
-    reference = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
-                                   do_sample=False)
-            reference.append(out[0, len(ids):].tolist())
-    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(tmp_path / "ckpt"), "--prompts",
-           str(tmp_path / "prompts.json"), "--max-tokens", "12", "--ignore-eos", "--skip-tokenizer-init",
-           "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--max-model-len", "128", "-o",
-           str(tmp_path / "out.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = json.loads((tmp_path / "out.json").read_text())
+    procs = {}
+    for family, teacher in FAMILY_CASES:
+        work = tmp_path_factory.mktemp(f"{family}-{'teacher' if teacher else 'student'}")
+        # head_dim 32: the smallest the CPU attention backend runs
+        base = tiny_base(family, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+        student = convert_to_swiftkv(base, 2, 2).swiftkv(not teacher)
+        student.save_pretrained(work / "ckpt")
+        reference = []
+        with torch.inference_mode():
+            for ids in prompts:
+                x = torch.tensor([ids])
+                out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
+                                       do_sample=False)
+                reference.append(out[0, len(ids):].tolist())
+        (work / "prompts.json").write_text(json.dumps(prompts))
+        cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(work / "ckpt"), "--prompts",
+               str(work / "prompts.json"), "--max-tokens", "12", "--ignore-eos", "--skip-tokenizer-init",
+               "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--max-model-len", "128", "-o",
+               str(work / "out.json")]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2"))
+        procs[(family, teacher)] = (proc, work, reference)
+    runs = {}
+    for case, (proc, work, reference) in procs.items():
+        log, _ = proc.communicate()
+        runs[case] = (proc.returncode, log, work, reference)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,teacher", FAMILY_CASES)
+def test_tiny_random_family_matches_transformers(family_runs, family, teacher):
+    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
+    and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
+    returncode, log, work, reference = family_runs[(family, teacher)]
+    assert returncode == 0, log[-6000:]
+    run = json.loads((work / "out.json").read_text())
     assert run["token_ids"] == reference
     if teacher:  # every layer is a teacher layer: no boundary, no KV sharing
         assert run["stats"] is None or run["stats"]["steps"] == 0
