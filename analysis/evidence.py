@@ -185,8 +185,16 @@ def _throughput_gain(reports: Path) -> Evidence:
     enough = rows["n_repeats"].fillna(0) >= MIN_REPEATS
     points = [_interval_point(_engine_point(r, "input_len", "tokens in"), r, "speedup_paired", ok)
               for (_, r), ok in zip(rows.iterrows(), enough)]
-    return Evidence(points, [path], powered=bool(enough.all()),
-                    short="" if enough.all() else f"some points have fewer than {MIN_REPEATS} interleaved repeats")
+    return _rounds_evidence(points, path, bool(enough.all()), "points", "")
+
+
+def _rounds_evidence(points: list[Point], path: str, enough: bool, unit: str, none: str) -> Evidence:
+    """The evidence of a claim read from interleaved rounds: decided only if every point had the registered
+    repeats; ``none``: why there is no point."""
+    if not points:
+        raise NoEvidence(path, none)
+    return Evidence(points, [path], powered=enough,
+                    short="" if enough else f"some {unit} have fewer than {MIN_REPEATS} interleaved repeats")
 
 
 def _latency(metric: str, skip_lowest: bool = False):
@@ -239,10 +247,8 @@ def _memory_limits(reports: Path) -> Evidence:
         lo, hi = (est.low, est.high) if n >= MIN_REPEATS else (math.nan, math.nan)
         points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats)",
                             est.value, lo, hi))
-    if not points:
-        raise NoEvidence(path, f"no engine with {ACROSSKV} and {SWIFTKV} at two KV limits in {path}")
-    return Evidence(points, [path], powered=enough,
-                    short="" if enough else f"some limits have fewer than {MIN_REPEATS} interleaved repeats")
+    return _rounds_evidence(points, path, enough, "limits", f"no engine with {ACROSSKV} and {SWIFTKV} at two KV "
+                            f"limits in {path}")
 
 
 def _memory_limits_table(reports: Path) -> Evidence:
@@ -290,10 +296,7 @@ def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evid
                 for _ in range(resamples)]
         lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if n >= MIN_REPEATS else (math.nan, math.nan)
         points.append(Point(f"{engine} ({len(filters)} ratios, {n} repeats)", float(rho), float(lo), float(hi)))
-    if not points:
-        raise NoEvidence(path, f"fewer than two measured ratios per engine in {path}")
-    return Evidence(points, [path], powered=enough,
-                    short="" if enough else f"some filters have fewer than {MIN_REPEATS} interleaved repeats")
+    return _rounds_evidence(points, path, enough, "filters", f"fewer than two measured ratios per engine in {path}")
 
 
 def _sharegpt_trend_table(reports: Path) -> Evidence:
