@@ -151,12 +151,13 @@ def _serving(reports: Path, study: str):
     manifest), and the manifest's path; a missing folder is no evidence."""
     import json
 
+    from analysis.raw import MANIFEST, serving_raw
     from analysis.serving import load_raw
 
-    root = reports / "raw" / "serving" / study
-    manifest = root / "manifest.json"
+    root = Path(serving_raw(study, reports))
+    manifest = root / MANIFEST
     if not manifest.is_file():
-        raise NoEvidence(str(root), f"{Path(reports.name) / 'raw/serving' / study} is missing (rule raw_serving)")
+        raise NoEvidence(str(root), f"{serving_raw(study, reports.name)} is missing (rule raw_serving)")
     sources = [f["source"] for f in json.loads(manifest.read_text())["files"].values()]
     df = load_raw(root, sources)
     return df[df["status"] == "measured"], str(manifest)
@@ -227,6 +228,7 @@ def _memory_limits(reports: Path) -> Evidence:
     """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest, each the median
     of the rounds' ratios, the difference's interval by resampling each limit's rounds; without the raw serving
     results, the single-run Table 3 stands in."""
+    from analysis.serving import round_ratios
     from analysis.stats import median_difference_ci
 
     try:
@@ -236,11 +238,11 @@ def _memory_limits(reports: Path) -> Evidence:
     points, enough = [], True
     for engine, g in df[df["again_of"].isna()].groupby("engine"):
         runs = {(r["kv_limit_bytes"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
-        limits = sorted(k for k, v in runs if v == ACROSSKV and isinstance(runs.get((k, SWIFTKV)), list)
-                        and isinstance(runs[(k, v)], list))
+        by_limit = {k: round_ratios(runs.get((k, ACROSSKV)), runs.get((k, SWIFTKV))) for k, _ in runs}
+        limits = sorted(k for k, v in by_limit.items() if v is not None)
         if len(limits) < 2:
             continue
-        ratios = {k: [a / b for a, b in zip(runs[(k, ACROSSKV)], runs[(k, SWIFTKV)])] for k in (limits[0], limits[-1])}
+        ratios = {k: by_limit[k] for k in (limits[0], limits[-1])}
         est = median_difference_ci(ratios[limits[0]], ratios[limits[-1]])
         n = min(len(v) for v in ratios.values())
         enough &= n >= MIN_REPEATS
@@ -276,6 +278,8 @@ def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evid
     import numpy as np
     from scipy.stats import spearmanr
 
+    from analysis.serving import round_ratios
+
     try:
         df, path = _serving(reports, "sharegpt")
     except NoEvidence:
@@ -284,11 +288,11 @@ def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evid
     points, enough = [], True
     for engine, g in df[df["again_of"].isna()].groupby("engine"):
         by = {(r["min_ratio"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
-        filters = sorted(k for k, v in by if v == SWIFTKV and isinstance(by[(k, v)], list)
-                         and isinstance(by.get((k, "base")), list))
+        by_filter = {k: round_ratios(by.get((k, SWIFTKV)), by.get((k, "base"))) for k, _ in by}
+        filters = sorted(k for k, v in by_filter.items() if v is not None)
         if len(filters) < 2:
             continue
-        ratios = [np.array(by[(k, SWIFTKV)]) / np.array(by[(k, "base")]) for k in filters]
+        ratios = [np.array(by_filter[k]) for k in filters]
         rho = spearmanr(filters, [np.median(r) for r in ratios]).statistic
         n = min(len(r) for r in ratios)
         enough &= n >= MIN_REPEATS

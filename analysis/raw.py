@@ -39,6 +39,12 @@ def eval_path(model: str, *parts: str) -> str:
     return "/".join(("results", "eval", model, *parts))
 
 
+def serving_raw(study: str, reports: str | Path = "reports") -> str:
+    """The raw folder of a serving study: rule raw_serving writes it; the serving figures, tables and claims read
+    it."""
+    return f"{reports}/raw/serving/{study}"
+
+
 def raw_path(root: str | Path, source: str | Path) -> Path:
     """Where ``results/<rel>`` lives in the raw folder ``root``."""
     return Path(root) / Path(source).relative_to("results")

@@ -99,7 +99,7 @@ INTERVAL_COLUMNS = ("speedup_paired", "speedup_paired_lo", "speedup_paired_hi", 
 
 def _reference(g: pd.DataFrame) -> str:
     """The variant a point's ratios are relative to: the one its noise-floor copy repeats, else base, else the first."""
-    again = g["again_of"].dropna() if "again_of" in g else pd.Series(dtype=object)
+    again = g["again_of"].dropna()
     if len(again):
         return again.iloc[0]
     return "base" if (g["variant"] == "base").any() else g["variant"].iloc[0]
@@ -110,11 +110,17 @@ def _values(row, column: str) -> list | None:
     return list(value) if isinstance(value, list) and value else None
 
 
+def round_ratios(runs: list | None, ref: list | None) -> list[float] | None:
+    """runs[i] / ref[i] for every round i (both ran in it); None without per-round numbers for both."""
+    if not isinstance(runs, list) or not isinstance(ref, list) or not runs or len(runs) != len(ref):
+        return None
+    return [a / b for a, b in zip(runs, ref)]
+
+
 def repeat_ratio(runs: list | None, ref: list | None, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
     """Median over rounds of runs[i] / ref[i] with its interval; nan without per-round numbers for both."""
-    if runs is None or ref is None or len(runs) != len(ref):
-        return NAN_INTERVAL
-    return median_ci([a / b for a, b in zip(runs, ref)], settings)
+    ratios = round_ratios(runs, ref)
+    return NAN_INTERVAL if ratios is None else median_ci(ratios, settings)
 
 
 def request_ratio(values: list | None, ref: list | None, settings: BootstrapSettings = BootstrapSettings()) -> Interval:
@@ -144,7 +150,7 @@ def _with_intervals(measured: pd.DataFrame, metrics: dict[str, tuple[str, callab
         if ref.empty:
             continue
         ref = ref.iloc[0]
-        again = g[g["again_of"] == ref_name] if "again_of" in g else g.iloc[:0]
+        again = g[g["again_of"] == ref_name]
         for name, (column, estimator) in metrics.items():
             noise = estimator(_values(again.iloc[0], column), _values(ref, column), settings) if len(again) \
                 else NAN_INTERVAL
@@ -266,7 +272,7 @@ def figure3(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
         if len(noise):  # what the reference's second copy measured against it: the machine's spread
             bottom.fill_between(noise.index, noise["speedup_paired_noise_lo"], noise["speedup_paired_noise_hi"],
                                 color="grey", alpha=0.3, label="noise floor (base vs base)")
-        ok = ok[ok["again_of"].isna()] if "again_of" in ok else ok
+        ok = ok[ok["again_of"].isna()]
         colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("input_len")
@@ -337,7 +343,7 @@ def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
             bottom.axis("off")
             continue
         ok = sub[sub["status"] == "measured"]
-        ok = ok[ok["again_of"].isna()] if "again_of" in ok else ok  # the noise-floor copy: in the claims' table
+        ok = ok[ok["again_of"].isna()]  # the noise-floor copy: in the claims' table
         colors = _colors(sub)
         for variant, g in ok.groupby("variant", sort=False):
             g = g.sort_values("request_rate")

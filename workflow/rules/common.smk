@@ -7,6 +7,7 @@ import pandas as pd
 from snakemake.exceptions import WorkflowError
 
 from analysis.raw import eval_path  # where an evaluation lives under results/eval (writer and reader alike)
+from analysis.raw import serving_raw  # a serving study's raw folder (rule raw_serving, the figures, the claims)
 
 MODELS = {m["id"]: m for m in config["models"]}
 

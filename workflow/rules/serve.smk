@@ -184,11 +184,6 @@ def serve_results(study):
                   model=SERVE.get("models", []), study=study)
 
 
-def serving_raw(study):
-    """The raw folder of a serving study (rule raw_serving), read by its figure or table and by the report."""
-    return f"reports/raw/serving/{study}"
-
-
 # The serving results behind a study's figure or table, committed as reports/raw/serving/<study> with a manifest
 # (analysis/raw.py), so that the figure, the table and the claims they decide are re-derived from a clone.
 rule raw_serving:

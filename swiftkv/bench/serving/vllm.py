@@ -59,7 +59,7 @@ class VllmSettings:
     kv_cache_bytes: int | None = 1 << 30  # KV-cache space (CPU: else vLLM reserves a fraction of all RAM)
     max_model_len: int | None = None  # default: the longest request of the study
     threads: int | None = None  # OMP threads of the CPU engine (default: every CPU this process may use)
-    warmup: int = 1  # warm-up requests per run (--num-warmups)
+    warmup: int = 1  # warm-up requests per server, in its first round (--num-warmups)
     repeats: int = 1  # rounds per point (every variant's server once per round)
     seed: int = 0
     engine_args: list[str] = field(default_factory=list)  # for every variant (e.g. --tensor-parallel-size 8)
@@ -228,7 +228,7 @@ class VllmEngine:
                     for point in results:
                         results[point][name] = str(err)
                     continue
-                capacity[name] = kv_capacity(self.workdir / f"{tag}/{name}.server.log")
+                capacity[name] = kv_capacity(self._server_log(f"{tag}/{name}"))
             bar = tqdm(total=self.settings.repeats * len(points) * len(urls), desc=tag, disable=not self.progress,
                        leave=False)
             for rep in range(self.settings.repeats):
@@ -238,8 +238,8 @@ class VllmEngine:
                         if isinstance(results[point][name], str):
                             continue
                         try:
-                            run = self.bench_served(self.specs[name], url, data, num_prompts, f"{point}/{name}/run{rep}",
-                                                    self.settings.warmup if rep == 0 else 0)
+                            run = self.bench_served(self.specs[name], url, data, num_prompts,
+                                                    f"{point}/{name}/run{rep}", self.settings.warmup if rep == 0 else 0)
                             results[point][name].append({**run, **capacity[name]})
                         except RuntimeError as err:
                             logger.error("%s", err)
@@ -259,7 +259,7 @@ class VllmEngine:
                 tput = [r["tokens_per_second"] for r in runs]
                 row.update(
                     throughput_tok_s=statistics.median(tput),
-                    throughput_runs_tok_s=tput,  # one per engine run, in run order (interleaved with the others')
+                    throughput_runs_tok_s=tput,  # one per round, in round order (paired with the other variants')
                     throughput_q1_tok_s=statistics.quantiles(tput, n=4)[0] if len(tput) > 1 else tput[0],
                     throughput_q3_tok_s=statistics.quantiles(tput, n=4)[2] if len(tput) > 1 else tput[0],
                     elapsed_s=statistics.median(r["elapsed_time"] for r in runs),
@@ -319,8 +319,8 @@ class VllmEngine:
                                    f"({too_long[:3]}...): select with --max-input-len <= 1024")
             path = self.workdir / f"sharegpt/ratio{entry['min_ratio']}/requests.json"
             write_vllm_sharegpt(requests, path)
-            points.append((f"sharegpt/ratio{entry['min_ratio']}",
-                           ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--no-oversample"], len(requests)))
+            data = ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--no-oversample"]
+            points.append((f"sharegpt/ratio{entry['min_ratio']}", data, len(requests)))
             lengths.append([(r.input_len, r.output_len) for r in requests])
         max_len = self._len(max(i + o for pairs in lengths for i, o in pairs))
         results = self._rounds("sharegpt", points, max_len, self.settings.kv_cache_bytes)
@@ -332,6 +332,9 @@ class VllmEngine:
                                           pairs)
         return rows
 
+    def _server_log(self, tag: str) -> Path:
+        return self.workdir / f"{tag}.server.log"
+
     @contextlib.contextmanager
     def server(self, spec: VariantSpec, max_model_len: int, tag: str, kv_bytes: int | None = None):
         """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL. ``kv_bytes``: its KV
@@ -339,7 +342,7 @@ class VllmEngine:
         port = free_port()
         cmd = [*self.settings.command, "serve", self.model_of(spec), "--host", "127.0.0.1", "--port", str(port),
                *self.engine_args(spec, max_model_len, kv_bytes or self.settings.kv_cache_bytes)]
-        log = self.workdir / f"{tag}.server.log"
+        log = self._server_log(tag)
         with process_group(cmd, self.env(spec), log) as proc:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + self.settings.startup_timeout_s
