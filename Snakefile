@@ -25,6 +25,8 @@ include: "workflow/rules/distill.smk"
 include: "workflow/rules/eval.smk"
 include: "workflow/rules/seeds.smk"
 include: "workflow/rules/scaling.smk"
+include: "workflow/rules/advise.smk"
+include: "workflow/rules/longctx.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/report.smk"
 

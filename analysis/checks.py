@@ -35,9 +35,18 @@ EXPECTED_COLUMNS = {
     "tableA3.csv": _SERVE + ["min_ratio", "mean_ratio"],
     "claims.csv": ["id", "rule", "estimate", "lo", "hi", "points", "verdict", "status", "evidence",
                    "evidence_commit"],
+    "table_advisor.csv": ["model", "candidate", "num_key_value_layers", "key_value_group_size", "simscore",
+                          "untrained_kl", "untrained_kl_lo", "untrained_kl_hi", "prefill_saved", "kv_saved", "pareto",
+                          "predicted_trained_kl", "trained_kl", "recommended"],
+    "table_advisor_calibration.csv": ["model", "predictor", "trained_points", "distinct_l", "spearman", "spearman_lo",
+                                      "spearman_hi", "tolerance", "recommended", "trust"],
+    "table_long_context.csv": ["model", "variant", "kind", "length", "depth", "context", "n", "estimate", "lo", "hi",
+                               "delta", "delta_lo", "delta_hi"],
 }
+NO_MARKDOWN = {"table3.csv", "tableA3.csv", "table_advisor.csv", "table_advisor_calibration.csv",
+               "table_long_context.csv"}  # CSV only
 FIGURES = ["figure2_simscore.png", "figure2_forward_time.png", "figure_distill_curve.png", "figure3_throughput.png",
-           "figure4_latency.png", "figure_budget_scaling.png"]
+           "figure4_latency.png", "figure_budget_scaling.png", "figure_advisor.png", "figure_long_context.png"]
 
 
 def check_image(path: Path) -> str | None:
@@ -78,7 +87,7 @@ def check_reports(directory: str | Path, report: bool = True) -> list[str]:
         path = directory / name
         problems.append(check_csv(path, columns) if path.is_file() else f"{path}: missing")
         md = path.with_suffix(".md")
-        if name.startswith("table") and name not in ("table3.csv", "tableA3.csv") and not md.is_file():
+        if name.startswith("table") and name not in NO_MARKDOWN and not md.is_file():
             problems.append(f"{md}: missing")
     if report:
         page = directory / "report.html"

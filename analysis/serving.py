@@ -376,3 +376,37 @@ def figure4(measured: pd.DataFrame, paper: pd.DataFrame, path) -> None:
     fig.tight_layout()
     save_figure(fig, path, dpi=120, bbox_inches=None)
     plt.close(fig)
+
+
+def serving_fidelity_table(results: list[dict]) -> pd.DataFrame:
+    """One row per (model, served configuration) of ``swiftkv bench served-fidelity`` results: the measures over
+    every prompt, the tolerance they are held to, and whether they are within it (issue 18, part 3)."""
+    rows = []
+    for result in results:
+        tol = result["tolerance"]
+        for name, c in result["configs"].items():
+            rows.append({"model": result["model"], "config": name, "num_key_value_layers": result["num_key_value_layers"],
+                         "key_value_group_size": c["key_value_group_size"], "prefill_skip": c["prefill_skip"],
+                         "prompts": c["prompts"], "generated_tokens": c["generated_tokens"],
+                         "greedy_mean": c["greedy_mean"], "greedy_identical": c["greedy_identical"],
+                         "logprob_max_abs": c["logprob_max_abs"], "logprob_mean_abs": c["logprob_mean_abs"],
+                         "topk_mean": c["topk_mean"], "top_k": result["settings"]["top_k"],
+                         **{f"tolerance_{k}": v for k, v in tol.items()},
+                         "within_tolerance": c["within_tolerance"], "outside": " ".join(c["outside"])})
+    return pd.DataFrame(rows)
+
+
+def serving_fidelity_markdown(table: pd.DataFrame) -> str:
+    """The README's served-fidelity table (generated from reports/table_serving_fidelity.csv, never typed)."""
+    lines = ["| model | served as | prompts | greedy agreement (identical) | max \\|Δ log p\\| | mean \\|Δ log p\\| "
+             "| top-k overlap | within tolerance |", "|---|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        lines.append(f"| {r.model} | l={r.num_key_value_layers}, g={r.key_value_group_size}, prefill skip "
+                     f"{'on' if r.prefill_skip else 'off'} | {r.prompts} | {r.greedy_mean:.3f} ({r.greedy_identical:.0%}) "
+                     f"| {r.logprob_max_abs:.2e} | {r.logprob_mean_abs:.2e} | {r.topk_mean:.3f} (k={r.top_k}) | "
+                     f"{'yes' if r.within_tolerance else 'no: ' + r.outside} |")
+    t = table.iloc[0]
+    lines.append(f"\nTolerance (fp32 both sides, set before any measurement): greedy agreement >= "
+                 f"{t.tolerance_greedy_mean:g}, max |Δ log p| <= {t.tolerance_logprob_max_abs:g}, mean <= "
+                 f"{t.tolerance_logprob_mean_abs:g}, top-k overlap >= {t.tolerance_topk_mean:g}.")
+    return "\n".join(lines)

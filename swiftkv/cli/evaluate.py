@@ -1,10 +1,10 @@
-"""Evaluation commands: bigbench fetch/extract/build, heldout-ppl-task, eval."""
+"""Evaluation commands: bigbench fetch/extract/build, heldout-ppl-task, eval, long-context."""
 
 from __future__ import annotations
 
 import argparse
 
-from swiftkv.cli.options import add_model_args, as_teacher, resolve_dtype
+from swiftkv.cli.options import add_model_args, as_teacher, positive_int, resolve_dtype
 from swiftkv.errors import SwiftKVError
 
 
@@ -125,8 +125,58 @@ def cmd_eval(args) -> None:
     print(f"lm-eval: {result['swiftkv']['seconds_lm_eval']:.0f} s")
 
 
+def cmd_long_context(args) -> None:
+    import torch
+
+    from swiftkv.data import sharegpt_split
+    from swiftkv.heldout import read_conversations
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+    from swiftkv.longctx import LongContextSettings, measure_long_context
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bad = [d for d in args.depths if not 0 <= d <= 1]
+    if bad:
+        raise SwiftKVError(f"--depths {bad[0]}: a depth is a fraction of the filler, between 0 and 1")
+    settings = LongContextSettings(lengths=tuple(args.lengths), depths=tuple(args.depths), samples=args.samples,
+                                   contexts=tuple(args.contexts), conversations=args.conversations,
+                                   target_tokens=args.target_tokens, seed=args.seed)
+    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    model.eval()
+    result = measure_long_context(model, tokenizer, conversations, settings)
+    result.update(model=args.name or args.model, source=args.model)
+    write_json(args.output, result, overwrite=args.overwrite)
+    exact = sum(p["exact"] for p in result["passkey"]) / len(result["passkey"])
+    print(f"passkey: {exact:.1%} exact over {len(result['passkey'])} prompts; context: "
+          f"{len(result['conversations'])} conversations; {result['seconds']:.0f} s -> {args.output}")
+
+
 def add_parsers(sub) -> None:
     """The evaluation commands' parsers on the top-level subparsers ``sub``."""
+    p = sub.add_parser("long-context", help="quality against prompt length: passkey retrieval and likelihood vs context",
+                       description="Two measures built offline from held-out ShareGPT (swiftkv.longctx): a pass key "
+                       "hidden at each --depths of filler text, at each prompt length of --lengths (exact greedy "
+                       "reading of the key and its log-probability), and the negative log-likelihood of the last "
+                       "--target-tokens tokens of long held-out conversations given each context length of "
+                       "--contexts. A SwiftKV checkpoint runs as the student, with its prefill skip.")
+    add_model_args(p)
+    p.add_argument("--output", "-o", required=True, help="JSON to write (every prompt and conversation)")
+    p.add_argument("--name", default=None, help="model name in the output (default: MODEL)")
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[512, 1024, 2048, 4096, 8192],
+                   help="passkey prompt lengths in tokens (default: 512 ... 8192)")
+    p.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="key positions in the filler")
+    p.add_argument("--samples", type=positive_int, default=4, help="keys per (length, depth)")
+    p.add_argument("--contexts", type=positive_int, nargs="+", default=[128, 512, 2048, 6144],
+                   help="context lengths before the scored tokens")
+    p.add_argument("--conversations", type=positive_int, default=24, help="long held-out conversations")
+    p.add_argument("--target-tokens", type=positive_int, default=128, help="scored tokens per conversation")
+    p.add_argument("--heldout", default=None, help="held-out conversations JSONL (default: ShareGPT's held-out split)")
+    p.add_argument("--seed", type=int, default=0, help="keys and filler positions")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_long_context, output_kind="file")
+
     bb = sub.add_parser("bigbench", help="BIG-bench multiple-choice tasks as offline lm-eval tasks").add_subparsers(
         dest="bigbench", metavar="STEP")
     bb.required = True

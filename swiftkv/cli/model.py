@@ -1,4 +1,4 @@
-"""Commands on a model itself: prepare-model, convert, generate, simscore, flops."""
+"""Commands on a model itself: prepare-model, convert, generate, simscore, flops, advise."""
 
 from __future__ import annotations
 
@@ -113,6 +113,70 @@ def cmd_flops(args) -> None:
         sys.stdout.write(text)
 
 
+def _read_trained(path: str) -> list:
+    """Trained students of the advised model from a CSV: label, num_key_value_layers, key_value_group_size, kl
+    (held-out KL to the teacher, nats/token) and optionally kl_lo, kl_hi."""
+    import math
+
+    import pandas as pd
+
+    from swiftkv.advisor import TrainedPoint
+
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as err:
+        raise SwiftKVError(f"--trained {path}: cannot read it as CSV ({err})") from None
+    need = {"label", "num_key_value_layers", "key_value_group_size", "kl"}
+    if not need <= set(df.columns):
+        raise SwiftKVError(f"--trained {path}: needs the columns {sorted(need)} (optional kl_lo, kl_hi); it has "
+                           f"{list(df.columns)}")
+    return [TrainedPoint(str(r["label"]), int(r["num_key_value_layers"]), int(r["key_value_group_size"]),
+                         float(r["kl"]), float(r.get("kl_lo", math.nan)), float(r.get("kl_hi", math.nan)))
+            for r in df.to_dict("records")]
+
+
+def cmd_advise(args) -> None:
+    import torch
+
+    from swiftkv.advisor import AdvisorSettings, advise, calibrate, measure_candidates
+    from swiftkv.data import sharegpt_split
+    from swiftkv.heldout import read_conversations
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.num_sequences < 2 or args.max_tokens < 16:
+        raise SwiftKVError("need --num-sequences >= 2 and --max-tokens >= 16")
+    settings = AdvisorSettings(skips=tuple(args.skips), group_sizes=tuple(args.group_sizes),
+                               num_sequences=args.num_sequences, max_tokens=args.max_tokens,
+                               batch_size=args.batch_size, context_length=args.context_length, seed=args.seed)
+    trained = _read_trained(args.trained) if args.trained else []
+    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    result = measure_candidates(model, tokenizer, conversations, settings)
+    cal = calibrate(result["rows"], trained, settings)
+    result["calibration"] = {"n": cal.n, "rho": {k: list(v) for k, v in cal.rho.items()}, "slope": cal.slope,
+                             "intercept": cal.intercept, "residual_sd": cal.residual_sd, "points": cal.points}
+    if args.tolerance is not None:
+        advice = advise(result["rows"], args.tolerance, cal)
+        result["rows"] = advice.pop("rows")
+        result["advice"] = advice
+    result.update(model=args.name or args.model, source=args.model)
+    write_json(args.output, result, overwrite=args.overwrite)
+    print(f"{'candidate':<12} {'skipped':>7} {'SimScore':>8} {'untrained KL [95% CI]':>24} {'top-1':>6} "
+          f"{'prefill saved':>13} {'KV saved':>8}  pareto")
+    for r in result["rows"]:
+        kl = f"{r['untrained_kl']:.3f} [{r['untrained_kl_lo']:.3f}, {r['untrained_kl_hi']:.3f}]"
+        print(f"{r['candidate']:<12} {r['skipped']:>7.1%} {r['simscore']:>8.3f} {kl:>24} {r['untrained_top1']:>6.3f} "
+              f"{r['prefill_saved']:>13.1%} {r['kv_saved']:>8.1%}  {'*' if r['pareto'] else ''}")
+    if "advice" in result:
+        a = result["advice"]
+        pick = a["recommended"] or "none (no candidate is predicted within it; raise the tolerance)"
+        print(f"tolerance {a['tolerance']:g} nats/token of held-out KL: {pick}\ntrust: {a['trust']}")
+    print(f"written: {args.output} ({result['seconds']:.0f} s)")
+
+
 def _simscore_outputs(args) -> list[str]:
     """simscore writes a metadata JSON beside its CSV: checked like the CSV before the run."""
     return [_simscore_metadata_path(args)]
@@ -170,6 +234,37 @@ def add_parsers(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.set_defaults(func=cmd_simscore, output_kind="file", extra_outputs=_simscore_outputs)
+
+    p = sub.add_parser("advise", help="where to cut: SimScore, untrained KL and savings of every candidate l (and g)",
+                       description="Before spending a training budget: for every candidate cut l (from --skips, the "
+                       "fractions of layers whose prompt tokens stop early) and AcrossKV group size g, the SimScore at "
+                       "l, the KL(teacher || student) of the untrained student (reference init, teacher-forced on "
+                       "held-out ShareGPT, bootstrap CI over conversations), its top-1 agreement, and the prefill "
+                       "FLOPs and KV-cache bytes it saves; the Pareto front of saved FLOPs against untrained KL. With "
+                       "--trained (students of this model already trained), how well untrained KL and SimScore rank "
+                       "their held-out KL (Spearman, bootstrap CI); with --tolerance, the cut that saves the most "
+                       "within it, and how much to trust that. No training: minutes on a CPU for a small model.")
+    add_model_args(p)
+    p.add_argument("--output", "-o", required=True, help="JSON to write (every candidate, calibration, advice)")
+    p.add_argument("--name", default=None, help="model name in the output (default: MODEL)")
+    p.add_argument("--skips", type=float, nargs="+", default=[0.125, 0.25, 0.375, 0.5, 0.625, 0.75],
+                   help="skipped fractions to try, l = round(L * (1 - s)) (default: 12.5%%, 25%%, ... 75%%)")
+    p.add_argument("--group-sizes", "-g", type=positive_int, nargs="+", default=[1],
+                   help="AcrossKV group sizes to try at each l; those that divide L - l (default: 1)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="largest held-out KL to the teacher you accept after training (nats/token); gives advice")
+    p.add_argument("--trained", default=None,
+                   help="CSV of trained students of this model (label, num_key_value_layers, key_value_group_size, "
+                   "kl[, kl_lo, kl_hi]) to calibrate the prediction on")
+    p.add_argument("--heldout", default=None, help="held-out conversations JSONL (default: ShareGPT's held-out split)")
+    p.add_argument("--num-sequences", type=int, default=32, help="held-out conversations (default 32)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per conversation (default 256)")
+    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--context-length", type=positive_int, default=4096,
+                   help="prompt length of the saved-FLOPs column (default 4096)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_advise, output_kind="file")
 
     p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",
                        description="Analytical GFLOPs per prefill token broken down as the paper's Table 1 (vocab, "

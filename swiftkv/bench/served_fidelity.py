@@ -1,0 +1,194 @@
+"""Served-model fidelity (issue 18, part 3): the student as our vLLM plugin serves it against the same student in
+transformers, on held-out prompts, so that an engine upgrade cannot silently change what a SwiftKV model says.
+
+Per prompt (the first user turn of a held-out ShareGPT conversation, chat template, generation prompt):
+
+- ``greedy``: the common prefix of the two greedy continuations over the transformers continuation's length
+  (1 = identical);
+- ``logprob_abs``: |log p_vLLM(t) - log p_transformers(t)| of every token t vLLM generated, the transformers side
+  teacher-forced on vLLM's continuation (so every token is compared, also past a divergence); max and mean;
+- ``topk``: the overlap of the two top-k candidate sets at every generated position, |A ∩ B| / k.
+
+A configuration (g; the prefill skip on or off) passes if it is within ``Tolerance`` on every measure. The defaults
+are set for fp32 on both sides, before any measurement: a numerically faithful engine differs by rounding (log-probs
+~1e-4), a wrong wiring (wrong K/V source, a layer skipped for a token that needs it) by whole nats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from swiftkv.errors import SwiftKVError
+from swiftkv.fidelity import common_prefix
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What a served configuration may differ by (fp32 on both sides)."""
+    greedy_mean: float = 0.9  # mean common-prefix fraction, at least (a near-tie may flip a token, then all differ)
+    logprob_max_abs: float = 0.1  # nats, at most, over every generated token of every prompt
+    logprob_mean_abs: float = 0.01  # nats, at most
+    topk_mean: float = 0.95  # mean top-k overlap, at least
+
+
+@dataclass
+class ServedFidelitySettings:
+    num_prompts: int = 64
+    max_prompt_tokens: int = 160
+    new_tokens: int = 32
+    top_k: int = 5
+    max_num_batched_tokens: int | None = None  # vLLM's per-step token budget (small: chunked prefill, mixed batches)
+    max_num_seqs: int = 4
+    dtype: str = "float32"
+
+
+REPO = Path(__file__).resolve().parents[2]  # the vLLM venv imports this checkout's plugin (PYTHONPATH)
+CONFIGS = (("skip", {}), ("noskip", {"SWIFTKV_VLLM_PREFILL_SKIP": "0"}))  # the prefill skip on, off
+
+
+def vllm_command(python: str | Path, model_dir: Path, prompts: Path, out: Path, s: ServedFidelitySettings) -> list[str]:
+    cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(model_dir), "--prompts", str(prompts),
+           "--max-tokens", str(s.new_tokens), "--max-num-seqs", str(s.max_num_seqs), "--kv-cache-gib", "1",
+           "--dtype", s.dtype, "--logprobs", str(s.top_k), "-o", str(out)]
+    if s.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    return cmd
+
+
+def run_engines(python: str | Path, jobs: dict[str, tuple[Path, dict]], prompts: Path, workdir: Path,
+                s: ServedFidelitySettings, repo: Path) -> dict[str, dict]:
+    """Start one vLLM engine per job (name -> (checkpoint, extra environment)) side by side (start-up is mostly
+    single-threaded imports and loading), wait for all; each writes ``workdir/<name>.json``. A failed engine raises
+    with its log's tail."""
+    procs = {}
+    for name, (ckpt, env) in jobs.items():
+        out = workdir / f"{name}.json"
+        log = open(workdir / f"{name}.log", "w")
+        procs[name] = (subprocess.Popen(vllm_command(python, ckpt, prompts, out, s), stdout=log,
+                                        stderr=subprocess.STDOUT, text=True, cwd=repo,
+                                        env=dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="2", **env)),
+                       out, log)
+    runs = {}
+    for name, (proc, out, log) in procs.items():
+        proc.wait()
+        log.close()
+        if proc.returncode != 0:
+            tail = (workdir / f"{name}.log").read_text()[-3000:]
+            raise SwiftKVError(f"the vLLM engine of {name} failed (exit {proc.returncode}); its log ends:\n{tail}")
+        runs[name] = json.loads(out.read_text())
+    return runs
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompts: list[list[int]], new_tokens: int, eos_id) -> list[list[int]]:
+    """Greedy continuations, one prompt at a time (no padding), cut after the first EOS as vLLM stops there."""
+    out = []
+    eos = set(eos_id if isinstance(eos_id, list) else [eos_id]) if eos_id is not None else set()
+    for ids in prompts:
+        x = torch.tensor([ids])
+        gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                             eos_token_id=list(eos) or None, pad_token_id=next(iter(eos), 0))[0, len(ids):].tolist()
+        cut = []
+        for tok in gen:
+            cut.append(tok)
+            if tok in eos:
+                break
+        out.append(cut)
+    return out
+
+
+@torch.inference_mode()
+def hf_scores(model, prompt: list[int], continuation: list[int], k: int) -> tuple[list[float], list[list[int]]]:
+    """Teacher-forced on ``continuation``: the log-probability of each of its tokens and the top-k ids there."""
+    if not continuation:
+        return [], []
+    ids = torch.tensor([prompt + continuation[:-1]])
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1:], dim=-1)  # positions predicting continuation tokens
+    target = torch.tensor(continuation)
+    return logp.gather(1, target[:, None])[:, 0].tolist(), logp.topk(k, dim=-1).indices.tolist()
+
+
+def compare(model, prompts: list[list[int]], reference: list[list[int]], run: dict, k: int) -> list[dict]:
+    """One row per prompt: the three measures of one served configuration against the transformers ``model``."""
+    rows = []
+    for i, (prompt, want, got, steps) in enumerate(zip(prompts, reference, run["token_ids"], run["logprobs"],
+                                                       strict=True)):
+        lps, tops = hf_scores(model, prompt, got, k)
+        diffs = [abs(s["logprob"] - lp) for s, lp in zip(steps, lps, strict=True)]
+        overlaps = [len({t for t, _ in s["top"][:k]} & set(top)) / k for s, top in zip(steps, tops, strict=True)]
+        rows.append({"prompt": i, "prompt_tokens": len(prompt), "hf_tokens": len(want), "vllm_tokens": len(got),
+                     "greedy": common_prefix(want, got) / max(1, len(want)),
+                     "logprob_max_abs": max(diffs, default=0.0),
+                     "logprob_mean_abs": sum(diffs) / len(diffs) if diffs else 0.0,
+                     "topk": sum(overlaps) / len(overlaps) if overlaps else 1.0})
+    return rows
+
+
+def summarize(rows: list[dict], tolerance: Tolerance) -> dict:
+    """The measures over every prompt (means; the log-prob maximum over every token) and the verdict."""
+    n_tokens = sum(r["vllm_tokens"] for r in rows)
+    out = {
+        "prompts": len(rows),
+        "generated_tokens": n_tokens,
+        "greedy_mean": sum(r["greedy"] for r in rows) / len(rows),
+        "greedy_identical": sum(r["greedy"] == 1.0 for r in rows) / len(rows),
+        "logprob_max_abs": max(r["logprob_max_abs"] for r in rows),
+        "logprob_mean_abs": sum(r["logprob_mean_abs"] * r["vllm_tokens"] for r in rows) / max(1, n_tokens),
+        "topk_mean": sum(r["topk"] * r["vllm_tokens"] for r in rows) / max(1, n_tokens),
+    }
+    failed = [name for name, ok in (
+        ("greedy_mean", out["greedy_mean"] >= tolerance.greedy_mean),
+        ("logprob_max_abs", out["logprob_max_abs"] <= tolerance.logprob_max_abs),
+        ("logprob_mean_abs", out["logprob_mean_abs"] <= tolerance.logprob_mean_abs),
+        ("topk_mean", out["topk_mean"] >= tolerance.topk_mean)) if not ok]
+    out.update(within_tolerance=not failed, outside=failed)
+    return out
+
+
+def served_fidelity(base, tokenizer, conversations, l: int, group_sizes: list[int], python: str | Path,
+                    workdir: str | Path, settings: ServedFidelitySettings, tolerance: Tolerance = Tolerance()) -> dict:
+    """Convert ``base`` to SwiftKV students (l, each g), serve each with the prefill skip on and off, and compare
+    with transformers on held-out prompts. Returns the settings, tolerance and one summary (plus per-prompt rows) per
+    configuration ``g<g>-<skip|noskip>``."""
+    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.fidelity import generation_prompts
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
+    if len(prompts) < settings.num_prompts:
+        raise SwiftKVError(f"only {len(prompts)} held-out prompts of <= {settings.max_prompt_tokens} tokens; "
+                           f"lower --num-prompts or raise --max-prompt-tokens")
+    (workdir / "prompts.json").write_text(json.dumps(prompts))
+    students, jobs = {}, {}
+    for g in group_sizes:
+        student = convert_to_swiftkv(base, l, g).eval()
+        ckpt = workdir / f"ckpt-g{g}"
+        student.save_pretrained(ckpt)
+        tokenizer.save_pretrained(ckpt)
+        students[g] = student
+        for skip, env in CONFIGS:
+            jobs[f"g{g}-{skip}"] = (ckpt, env)
+    runs = run_engines(python, jobs, workdir / "prompts.json", workdir, settings, REPO)
+    eos = tokenizer.eos_token_id
+    result = {"settings": asdict(settings), "tolerance": asdict(tolerance), "num_key_value_layers": l,
+              "configs": {}}
+    for g, student in students.items():
+        reference = hf_greedy(student, prompts, settings.new_tokens, eos)
+        for skip, _ in CONFIGS:
+            name = f"g{g}-{skip}"
+            rows = compare(student, prompts, reference, runs[name], settings.top_k)
+            result["configs"][name] = {"key_value_group_size": g, "prefill_skip": skip == "skip",
+                                       "kv_sharing_fast_prefill": runs[name]["kv_sharing_fast_prefill"],
+                                       **summarize(rows, tolerance), "rows": rows}
+    return result

@@ -1,0 +1,46 @@
+"""Served-model fidelity (issue 18, part 3) without vLLM: the measures, the table, the README markdown and the
+registered claim (the engine itself runs in tests/test_vllm_plugin.py)."""
+
+import pytest
+
+from swiftkv.bench.served_fidelity import Tolerance, summarize
+
+
+def _rows(diff=1e-5, greedy=1.0):
+    return [{"prompt": i, "prompt_tokens": 10, "hf_tokens": 4, "vllm_tokens": 4, "greedy": greedy,
+             "logprob_max_abs": diff * 3, "logprob_mean_abs": diff, "topk": 1.0} for i in range(64)]
+
+
+def _result(diff=1e-5):
+    from dataclasses import asdict
+
+    configs = {f"g{g}-{skip}": {"key_value_group_size": g, "prefill_skip": skip == "skip",
+                                "kv_sharing_fast_prefill": skip == "skip", **summarize(_rows(diff), Tolerance())}
+               for g in (1, 3) for skip in ("skip", "noskip")}
+    return {"model": "m", "num_key_value_layers": 15, "settings": {"top_k": 5}, "tolerance": asdict(Tolerance()),
+            "configs": configs}
+
+
+def test_summary_weights_tokens_and_names_what_is_outside():
+    ok = summarize(_rows(), Tolerance())
+    assert ok["within_tolerance"] and ok["prompts"] == 64 and ok["generated_tokens"] == 256
+    assert ok["logprob_max_abs"] == pytest.approx(3e-5) and ok["greedy_identical"] == 1.0
+    bad = summarize(_rows(diff=0.05, greedy=0.5), Tolerance())
+    assert not bad["within_tolerance"] and bad["outside"] == ["greedy_mean", "logprob_max_abs", "logprob_mean_abs"]
+
+
+def test_table_markdown_and_claim(tmp_path):
+    from analysis.claims import evaluate
+    from analysis.serving import serving_fidelity_markdown, serving_fidelity_table
+
+    table = serving_fidelity_table([_result()])
+    assert len(table) == 4 and table.within_tolerance.all() and set(table.config) == {"g1-skip", "g1-noskip",
+                                                                                       "g3-skip", "g3-noskip"}
+    md = serving_fidelity_markdown(table)
+    assert md.count("| m |") == 4 and "prefill skip off" in md and "max |Δ log p| <= 0.1" in md
+    table.to_csv(tmp_path / "table_serving_fidelity.csv", index=False)
+    row = evaluate(tmp_path, commit="x").set_index("id").loc["served-model-faithful"]
+    assert (row.status, row.verdict, row.n_points) == ("decided", "holds", 4) and "within tolerance" in row.why
+    serving_fidelity_table([_result(diff=0.2)]).to_csv(tmp_path / "table_serving_fidelity.csv", index=False)
+    row = evaluate(tmp_path, commit="x").set_index("id").loc["served-model-faithful"]
+    assert row.verdict == "does not hold" and "OUTSIDE tolerance" in row.why
