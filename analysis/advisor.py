@@ -143,13 +143,14 @@ def advisor_markdown(candidates: pd.DataFrame, calibration: pd.DataFrame) -> str
     out = []
     for model, g in candidates.groupby("model", sort=False):
         lines = ["| cut | skipped | SimScore | untrained KL [95% CI] | untrained top-1 | prefill saved | KV saved "
-                 "| trained KL (Table 2) | predicted |", "|---|---|---|---|---|---|---|---|---|"]
+                 "| trained KL (Table 2) | the advice reads |", "|---|---|---|---|---|---|---|---|---|"]
         for r in g.itertuples():
             trained = "" if pd.isna(r.trained_kl) else f"{r.trained_kl:.3f}"
             mark = " **(advice)**" if r.recommended else (" (Pareto)" if r.pareto else "")
             lines.append(f"| {r.candidate}{mark} | {r.skipped:.1%} | {r.simscore:.3f} | {r.untrained_kl:.3f} "
                          f"[{r.untrained_kl_lo:.3f}, {r.untrained_kl_hi:.3f}] | {r.untrained_top1:.3f} | "
-                         f"{r.prefill_saved:.1%} | {r.kv_saved:.1%} | {trained} | {r.predicted_trained_kl:.3f} |")
+                         f"{r.prefill_saved:.1%} | {r.kv_saved:.1%} | {trained} | {r.predicted_trained_kl:.3f} "
+                         f"({r.prediction_basis}) |")
         cal = calibration[calibration.model == model].set_index("predictor")
         u, s = cal.loc["untrained_kl"], cal.loc["simscore"]
         pick = u.recommended or "no candidate"

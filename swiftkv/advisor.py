@@ -14,9 +14,10 @@ Candidates that no other candidate beats on both saved FLOPs and untrained KL fo
 Calibration: given trained students of the same model (their (l, g) and held-out KL, e.g. Table 2's rows), the
 Spearman rank correlation between each predictor (untrained KL, SimScore) and the trained KL, with a bootstrap
 interval over the trained points, and a log-log line from untrained to trained KL. The advice for a tolerance on
-trained held-out KL is the candidate that saves the most prefill FLOPs whose predicted trained KL is within it; how
-much to trust it is the calibration's correlation interval and its number of points (without calibration, the
-untrained KL itself is held to the tolerance: training lowers KL, so that choice errs on the safe side).
+trained held-out KL is the candidate that saves the most prefill FLOPs whose trained KL is within it: measured where
+the cut was trained, predicted by the line elsewhere; how much to trust it is the calibration's correlation interval
+and its number of points (without calibration, the untrained KL itself is held to the tolerance: training lowers KL,
+so that choice errs on the safe side).
 """
 
 from __future__ import annotations
@@ -253,16 +254,25 @@ def trust(cal: Calibration) -> str:
 
 
 def advise(rows: list[dict], tolerance: float, cal: Calibration | None = None) -> dict:
-    """The candidate that saves the most prefill FLOPs with predicted trained KL <= ``tolerance`` (nats/token);
-    the prediction is the calibration line where there is one, else the untrained KL itself."""
+    """The candidate that saves the most prefill FLOPs with trained KL <= ``tolerance`` (nats/token): measured where
+    the cut was trained (a calibration point), else predicted by the calibration line where there is one, else the
+    untrained KL itself (``prediction_basis``: trained / calibrated / untrained)."""
     if not tolerance > 0:
         raise SwiftKVError(f"--tolerance {tolerance}: give the largest held-out KL to the teacher you accept "
                            "(nats/token, > 0), e.g. 0.5")
     calibrated = cal is not None and not math.isnan(cal.slope)
+    measured = {(p["num_key_value_layers"], p["key_value_group_size"]): p["trained_kl"] for p in (cal.points if cal
+                                                                                                  else [])}
     scored = []
     for r in rows:
-        predicted = cal.predict(r["untrained_kl"]) if calibrated else r["untrained_kl"]
-        scored.append({**r, "predicted_trained_kl": predicted})
+        cut = (r["num_key_value_layers"], r["key_value_group_size"])
+        if cut in measured:
+            predicted, basis = measured[cut], "trained"
+        elif calibrated:
+            predicted, basis = cal.predict(r["untrained_kl"]), "calibrated"
+        else:
+            predicted, basis = r["untrained_kl"], "untrained"
+        scored.append({**r, "predicted_trained_kl": predicted, "prediction_basis": basis})
     ok = [r for r in scored if r["predicted_trained_kl"] <= tolerance]
     best = max(ok, key=lambda r: (r["prefill_saved"], r["kv_saved"], -r["predicted_trained_kl"])) if ok else None
     return {"tolerance": tolerance, "calibrated": calibrated, "rows": scored,
