@@ -66,33 +66,20 @@ def vllm_command(python: str | Path, model_dir: Path, prompts: Path, out: Path, 
 
 def run_engines(python: str | Path, jobs: dict[str, tuple[Path, dict]], prompts: Path, workdir: Path,
                 s: ServedFidelitySettings, repo: Path) -> dict[str, dict]:
-    """Run one vLLM engine per job (name -> (checkpoint, extra environment)); each writes ``workdir/<name>.json``.
-    Engines run in waves of one per CPU, each engine's compute thread bound to its own CPU: vLLM's automatic
-    binding pins every engine's worker to the same CPU (it keeps one back for the scheduler), so four engines side
-    by side on two CPUs ran over 15x slower than one alone. A failed engine raises with its log's tail."""
-    from swiftkv.bench.serving.processes import cpu_list
-
-    cpus = cpu_list().split(",")
-    names = list(jobs)
+    """Run one vLLM engine per job (name -> (checkpoint, extra environment)), one after another; each writes
+    ``workdir/<name>.json``. One at a time on purpose: vLLM's CPU build pins every engine's compute thread to the
+    same CPU (it keeps one back for its scheduler), so four engines side by side on two CPUs took over 20 min for
+    64 prompts where one alone takes ~70 s (start-up included). A failed engine raises with its log's tail."""
     runs = {}
-    for start in range(0, len(names), len(cpus)):
-        procs = {}
-        for cpu, name in zip(cpus, names[start:start + len(cpus)]):
-            ckpt, env = jobs[name]
-            out = workdir / f"{name}.json"
-            log = open(workdir / f"{name}.log", "w")
-            bind = {"VLLM_CPU_OMP_THREADS_BIND": cpu, "OMP_NUM_THREADS": "1"}
-            procs[name] = (subprocess.Popen(vllm_command(python, ckpt, prompts, out, s), stdout=log,
-                                            stderr=subprocess.STDOUT, text=True, cwd=repo,
-                                            env=dict(os.environ, PYTHONPATH=str(repo), **bind, **env)),
-                           out, log)
-        for name, (proc, out, log) in procs.items():
-            proc.wait()
-            log.close()
-            if proc.returncode != 0:
-                tail = (workdir / f"{name}.log").read_text()[-3000:]
-                raise SwiftKVError(f"the vLLM engine of {name} failed (exit {proc.returncode}); its log ends:\n{tail}")
-            runs[name] = json.loads(out.read_text())
+    for name, (ckpt, env) in jobs.items():
+        out, log_path = workdir / f"{name}.json", workdir / f"{name}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.run(vllm_command(python, ckpt, prompts, out, s), stdout=log, stderr=subprocess.STDOUT,
+                                  text=True, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo), **env), check=False)
+        if proc.returncode != 0:
+            tail = log_path.read_text()[-3000:]
+            raise SwiftKVError(f"the vLLM engine of {name} failed (exit {proc.returncode}); its log ends:\n{tail}")
+        runs[name] = json.loads(out.read_text())
     return runs
 
 
