@@ -51,6 +51,8 @@ class ServedFidelitySettings:
     dtype: str = "float32"
 
 
+BLAS_THREAD_VARIABLES = ("MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                         "NUMEXPR_NUM_THREADS", "OMP_NUM_THREADS")
 REPO = Path(__file__).resolve().parents[2]  # the vLLM venv imports this checkout's plugin (PYTHONPATH)
 CONFIGS = (("skip", {}), ("noskip", {"SWIFTKV_VLLM_PREFILL_SKIP": "0"}))  # the prefill skip on, off
 
@@ -70,12 +72,15 @@ def run_engines(python: str | Path, jobs: dict[str, tuple[Path, dict]], prompts:
     ``workdir/<name>.json``. One at a time on purpose: vLLM's CPU build pins every engine's compute thread to the
     same CPU (it keeps one back for its scheduler), so four engines side by side on two CPUs took over 20 min for
     64 prompts where one alone takes ~70 s (start-up included). A failed engine raises with its log's tail."""
+    # Snakemake sets the BLAS pools' sizes (MKL_NUM_THREADS ... = the job's threads); in vLLM's worker, pinned to one
+    # CPU, a pool of two spins against itself: the engine then ran several times slower. vLLM sizes its own threads.
+    base_env = {k: v for k, v in os.environ.items() if k not in BLAS_THREAD_VARIABLES}
     runs = {}
     for name, (ckpt, env) in jobs.items():
         out, log_path = workdir / f"{name}.json", workdir / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.run(vllm_command(python, ckpt, prompts, out, s), stdout=log, stderr=subprocess.STDOUT,
-                                  text=True, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo), **env), check=False)
+                                  text=True, cwd=repo, env=dict(base_env, PYTHONPATH=str(repo), **env), check=False)
         if proc.returncode != 0:
             tail = log_path.read_text()[-3000:]
             raise SwiftKVError(f"the vLLM engine of {name} failed (exit {proc.returncode}); its log ends:\n{tail}")
