@@ -250,7 +250,9 @@ def trust(cal: Calibration) -> str:
     rho, lo, hi = cal.rho["untrained_kl"]
     verdict = ("the untrained KL ranks the trained students (interval above 0)" if lo > 0 else
                "the untrained KL does not rank the trained students reliably (interval reaches 0 or below)")
-    return f"{verdict}: Spearman {rho:.2f} [{lo:.2f}, {hi:.2f}] over {cal.n} trained cuts"
+    few = (" (few rows: when they rank alike every resample does, so the interval is coarse)"
+           if cal.n < 2 * MIN_CALIBRATION + 2 else "")
+    return f"{verdict}: Spearman {rho:.2f} [{lo:.2f}, {hi:.2f}] over {cal.n} trained cuts{few}"
 
 
 def advise(rows: list[dict], tolerance: float, cal: Calibration | None = None) -> dict:

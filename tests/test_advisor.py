@@ -185,3 +185,27 @@ def test_simscore_claim_reads_the_calibration_and_decides_only_with_enough_cuts(
     (tmp_path / "table_advisor_calibration.csv").write_text(rows.replace(",5,3,", ",6,5,"))
     row = evaluate(tmp_path, commit="x").set_index("id").loc["simscore-predicts-loss"]
     assert row.status == "decided" and row.verdict == "holds"
+
+
+def test_committed_advisor_tables_regenerate_from_their_raw_results_and_the_readme_quotes_them():
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from analysis.advisor import advisor_markdown, advisor_tables
+    from analysis.io import read_json
+    from analysis.raw import raw_path, verify
+
+    root = Path(__file__).resolve().parents[1]
+    raw, profile = root / "reports" / "raw" / "advisor", yaml.safe_load((root / "config" / "config.yaml").read_text())
+    assert verify(raw) == []
+    sheet = pd.read_csv(root / "config" / "variants.tsv", sep="\t", keep_default_na=False)
+    rows = [{**r, "kv_heads": r["kv_heads"] or None} for r in sheet.to_dict("records")]
+    results = [read_json(raw_path(raw, f"results/advise/{m}.json")) for m in profile["advise"]["models"]]
+    cands, cal = advisor_tables(results, pd.read_csv(root / "reports" / "table2.csv"), rows,
+                                profile["advise"]["tolerance"])
+    assert cands.to_csv(index=False, float_format="%.4f") == (root / "reports" / "table_advisor.csv").read_text()
+    assert cal.to_csv(index=False, float_format="%.4f") == (root / "reports" / "table_advisor_calibration.csv").read_text()
+    committed = [pd.read_csv(root / "reports" / n) for n in ("table_advisor.csv", "table_advisor_calibration.csv")]
+    assert advisor_markdown(*committed) in (root / "README.md").read_text()  # generated from the CSVs, not typed

@@ -44,3 +44,23 @@ def test_table_markdown_and_claim(tmp_path):
     serving_fidelity_table([_result(diff=0.2)]).to_csv(tmp_path / "table_serving_fidelity.csv", index=False)
     row = evaluate(tmp_path, commit="x").set_index("id").loc["served-model-faithful"]
     assert row.verdict == "does not hold" and "OUTSIDE tolerance" in row.why
+
+
+def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_it():
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from analysis.io import read_json
+    from analysis.raw import raw_path, verify
+    from analysis.serving import serving_fidelity_markdown, serving_fidelity_table
+
+    root = Path(__file__).resolve().parents[1]
+    raw, profile = root / "reports" / "raw" / "served_fidelity", yaml.safe_load((root / "config" / "config.yaml").read_text())
+    assert verify(raw) == []
+    table = serving_fidelity_table([read_json(raw_path(raw, f"results/served_fidelity/{m}.json"))
+                                    for m in profile["served_fidelity"]["models"]])
+    assert table.to_csv(index=False, float_format="%.6g") == (root / "reports" / "table_serving_fidelity.csv").read_text()
+    committed = pd.read_csv(root / "reports" / "table_serving_fidelity.csv")
+    assert serving_fidelity_markdown(committed) in (root / "README.md").read_text()  # generated, not typed
