@@ -93,17 +93,21 @@ def advisor_figure(candidates: pd.DataFrame, calibration: pd.DataFrame):
             left.errorbar(100 * t.prefill_saved, t.trained_kl, yerr=[t.trained_kl - t.trained_kl_lo,
                                                                       t.trained_kl_hi - t.trained_kl],
                           fmt="s", color="tab:orange", ms=5, capsize=3, label="trained (Table 2 rows)")
+        pred = g[g.prediction_basis != "trained"]
+        if len(pred):
+            left.scatter(100 * pred.prefill_saved, pred.predicted_trained_kl, marker="s", s=30, facecolors="none",
+                         edgecolors="tab:orange", label="trained KL predicted from the untrained KL")
         rec = g[g.recommended]
         cal = calibration[(calibration.model == model) & (calibration.predictor == "untrained_kl")].iloc[0]
         if len(rec):
-            left.scatter(100 * rec.prefill_saved, rec.untrained_kl, s=220, facecolors="none", edgecolors="k",
-                         label=f"advice at tolerance {cal.tolerance:g}: {rec.candidate.iloc[0]}")
-        left.axhline(cal.tolerance, color="grey", ls=":", lw=1)
+            left.scatter(100 * rec.prefill_saved, rec.predicted_trained_kl, s=220, facecolors="none", edgecolors="k",
+                         label=f"advice: {rec.candidate.iloc[0]} (the most saved within the tolerance)")
+        left.axhline(cal.tolerance, color="grey", ls=":", lw=1, label=f"tolerance on trained KL ({cal.tolerance:g})")
         left.set_yscale("log")
         left.set_xlabel(f"prefill FLOPs saved (%, {int(g.num_layers.iloc[0])} layers)")
         left.set_ylabel("held-out KL(teacher || student), nats/token")
         left.set_title(f"{model}: where to cut", fontsize=10)
-        left.legend(fontsize=7, loc="upper left")
+        left.legend(fontsize=7, loc="lower right")
         left.grid(alpha=0.3)
         if len(t) == 0:
             right.text(0.5, 0.5, "no trained rows of this model: uncalibrated", ha="center", va="center",
