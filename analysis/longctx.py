@@ -83,19 +83,17 @@ def long_context_figure(table: pd.DataFrame):
         if variant != "base" and len(ctx):
             b.errorbar(ctx.context, ctx.delta, yerr=[ctx.delta - ctx.delta_lo, ctx.delta_hi - ctx.delta], fmt="o-",
                        color=color, capsize=3, ms=4, label=label)
-    a.set_xscale("log", base=2)
-    a.set_xlabel("prompt length (tokens)")
-    a.set_ylabel("pass key read exactly (%)")
-    a.set_title("(a) passkey retrieval, depths pooled", fontsize=10)
-    a.legend(fontsize=7)
-    a.grid(alpha=0.3)
     b.axhline(0, color="grey", lw=1)
-    b.set_xscale("log", base=2)
-    b.set_xlabel("context before the scored tokens (tokens)")
-    b.set_ylabel("NLL(student) - NLL(base), nats/token")
-    b.set_title("(b) loss gap to the base model on the same tokens", fontsize=10)
-    b.legend(fontsize=7)
-    b.grid(alpha=0.3)
+    for ax, xlabel, ylabel, title in (
+            (a, "prompt length (tokens)", "pass key read exactly (%)", "(a) passkey retrieval, depths pooled"),
+            (b, "context before the scored tokens (tokens)", "NLL(student) - NLL(base), nats/token",
+             "(b) loss gap to the base model on the same tokens")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 

@@ -91,18 +91,6 @@ def candidates(num_layers: int, settings: AdvisorSettings) -> list[Candidate]:
     return out
 
 
-def mean_interval(values: np.ndarray, weights: np.ndarray, settings: AdvisorSettings) -> tuple[float, float, float]:
-    """Token-weighted mean of per-sequence ratios sum(values) / sum(weights), percentile bootstrap over sequences."""
-    est = float(values.sum() / weights.sum())
-    if len(values) < 2:
-        return est, math.nan, math.nan
-    rng = np.random.default_rng(settings.seed)
-    idx = rng.integers(0, len(values), size=(settings.n_resamples, len(values)))
-    boots = values[idx].sum(axis=1) / weights[idx].sum(axis=1)
-    a = (1 - settings.confidence_level) / 2
-    return est, float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a))
-
-
 def pareto_front(rows: list[dict], saved: str = "prefill_saved", loss: str = "untrained_kl") -> list[bool]:
     """True for each row no other row beats: at least as much saved and at most as much loss, one of them strictly."""
     front = []
@@ -123,7 +111,7 @@ def measure_candidates(model, tokenizer, conversations, settings: AdvisorSetting
     from swiftkv.convert import convert_to_swiftkv
     from swiftkv.fidelity import teacher_forced, teacher_forced_sequences
     from swiftkv.flops import flops_report
-    from swiftkv.simscore import SimScoreSettings, measure_simscore
+    from swiftkv.simscore import SimScoreSettings, bootstrap_ci, measure_simscore
 
     if getattr(model.config, "swiftkv", None) is not None:
         raise SwiftKVError("give the advisor a base model, not a SwiftKV checkpoint: it converts each candidate itself")
@@ -138,6 +126,8 @@ def measure_candidates(model, tokenizer, conversations, settings: AdvisorSetting
                                             seed=settings.seed, n_resamples=settings.n_resamples,
                                             confidence_level=settings.confidence_level), progress=progress)
     by_layer = {(r["metric"], r["layer"]): r for r in sim["rows"]}
+    boot = SimScoreSettings(n_resamples=settings.n_resamples, confidence_level=settings.confidence_level,
+                            seed=settings.seed, ci_method="percentile")
     seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
     if len(seqs) < 2:
         raise SwiftKVError(f"only {len(seqs)} held-out conversation(s) of >= 16 tokens; the advisor needs >= 2")
@@ -147,9 +137,13 @@ def measure_candidates(model, tokenizer, conversations, settings: AdvisorSetting
         student.eval()
         with torch.inference_mode():
             per_seq = teacher_forced(model, student, seqs, settings.batch_size, progress=False)
+        # per-token means of KL and top-1 (sums over sequences / tokens) with their bootstrap over sequences,
+        # the same ratio-of-sums interval as SimScore's (percentile)
         tokens = np.array([r["tokens"] for r in per_seq], dtype=float)
-        kl = mean_interval(np.array([r["kl_sum"] for r in per_seq]), tokens, settings)
-        top1 = mean_interval(np.array([r["top1_agree"] for r in per_seq]), tokens, settings)
+        sums = np.array([[r["kl_sum"], r["top1_agree"]] for r in per_seq])
+        est = sums.sum(axis=0) / tokens.sum()
+        low, high = bootstrap_ci(sums, tokens, boot)
+        kl, top1 = (float(est[0]), float(low[0]), float(high[0])), (float(est[1]), float(low[1]), float(high[1]))
         report = flops_report(model.config, cand.num_key_value_layers, cand.key_value_group_size,
                               settings.context_length)
         l = cand.num_key_value_layers

@@ -113,6 +113,21 @@ def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_facto
 
 
 @torch.inference_mode()
+def continuation_scores(model, prompt: list[int], continuation: list[int], k: int = 1):
+    """Teacher-forced on ``continuation`` after ``prompt``: the log-probability of each continuation token and the
+    top-k token ids at its position. Only those positions get logits (``logits_to_keep``), so a SwiftKV student
+    runs its later layers for them alone, as when it generates."""
+    if not continuation:
+        return [], []
+    ids = torch.tensor([prompt + continuation[:-1]])
+    n = len(continuation)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=n).logits[0]
+    logp = F.log_softmax(logits.float(), dim=-1)  # n, V: position i predicts continuation[i]
+    target = torch.tensor(continuation)
+    return logp.gather(1, target[:, None])[:, 0].tolist(), logp.topk(k, dim=-1).indices.tolist()
+
+
+@torch.inference_mode()
 def greedy_continuations(model, prompts, new_tokens: int, pad_id: int, eos_id, batch_size: int = 8,
                          cache_factory=None, progress: bool = True, desc: str = "greedy") -> list[list[int]]:
     """Greedy continuations (without the prompt, cut after the first EOS) of left-padded prompt batches."""

@@ -44,6 +44,16 @@ def read_conversations(path: str | Path) -> list:
         return [Conversation(d["id"], d["messages"]) for d in map(json.loads, f)]
 
 
+def heldout_conversations(path: str | Path | None = None) -> list:
+    """Held-out conversations: those of ``path`` (a JSONL written by ``heldout-ppl-task --conversations``), else
+    ShareGPT's whole held-out split."""
+    if path:
+        return read_conversations(path)
+    from swiftkv.data import sharegpt_split
+
+    return sharegpt_split("heldout")
+
+
 def render_conversation(tokenizer, messages: list[dict]) -> str:
     """The conversation as the model reads it: its chat template, or plain role-prefixed turns without one."""
     if getattr(tokenizer, "chat_template", None):

@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swiftkv.errors import SwiftKVError
+from swiftkv.fidelity import continuation_scores
 
 logger = logging.getLogger(__name__)
 
@@ -118,16 +119,6 @@ def long_conversations(tokenizer, conversations, settings: LongContextSettings) 
     return out
 
 
-def _scores(model, ids: list[int], targets: list[int]) -> tuple[list[float], list[bool]]:
-    """log p and argmax-match of each token of ``targets`` given ``ids`` (+ the targets before it)."""
-    x = torch.tensor([ids + targets[:-1]])
-    k = len(targets)
-    logits = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, logits_to_keep=k).logits[0]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    t = torch.tensor(targets)
-    return logp.gather(1, t[:, None])[:, 0].tolist(), (logp.argmax(-1) == t).tolist()
-
-
 @torch.inference_mode()
 def measure_long_context(model, tokenizer, conversations, settings: LongContextSettings,
                          progress: bool = True) -> dict:
@@ -141,7 +132,8 @@ def measure_long_context(model, tokenizer, conversations, settings: LongContextS
     prompts = passkey_prompts(tokenizer, conversations, settings)
     passkey = []
     for p in tqdm(prompts, desc="long context: passkey", disable=not progress):
-        logps, hits = _scores(model, p["prompt"], p["key_ids"])
+        logps, tops = continuation_scores(model, p["prompt"], p["key_ids"])
+        hits = [top[0] == t for top, t in zip(tops, p["key_ids"])]  # greedy reading, token by token
         passkey.append({k: p[k] for k in ("length", "depth", "sample", "key", "tokens")}
                        | {"key_logprob": sum(logps), "exact": all(hits)})
     convs = long_conversations(tokenizer, conversations, settings)
@@ -151,7 +143,7 @@ def measure_long_context(model, tokenizer, conversations, settings: LongContextS
         target = ids[-settings.target_tokens:]
         for n in settings.contexts:
             before = ids[len(ids) - settings.target_tokens - n:len(ids) - settings.target_tokens]
-            logps, _ = _scores(model, before, target)
+            logps, _ = continuation_scores(model, before, target)
             context.append({"conversation": c["id"], "context": n, "tokens": len(target), "nll_sum": -sum(logps)})
     return {"settings": asdict(settings), "passkey": passkey, "context": context,
             "conversations": [{"id": c["id"], "total_tokens": c["total_tokens"]} for c in convs],

@@ -180,7 +180,8 @@ def test_served_student_stays_within_the_fidelity_tolerance(engine_runs, name):
 
 def test_the_fidelity_guard_fails_on_a_drifted_engine():
     """The guard can fail: a served run whose log-probabilities are off by 0.5 nats, or whose tokens differ."""
-    from swiftkv.bench.served_fidelity import Tolerance, compare, hf_scores, summarize
+    from swiftkv.bench.served_fidelity import Tolerance, compare, summarize
+    from swiftkv.fidelity import continuation_scores
     from tests.conftest import random_ids, tiny_base
 
     model = tiny_base()
@@ -189,7 +190,7 @@ def test_the_fidelity_guard_fails_on_a_drifted_engine():
     with torch.inference_mode():
         steps = []
         for p, c in zip(prompts, continuation):
-            lps, tops = hf_scores(model, p, c, 5)
+            lps, tops = continuation_scores(model, p, c, 5)
             steps.append([{"token": t, "logprob": lp, "top": [[i, 0.0] for i in top]} for t, lp, top in zip(c, lps, tops)])
     faithful = {"token_ids": continuation, "logprobs": steps}
     ok = summarize(compare(model, prompts, continuation, faithful, 5), Tolerance())

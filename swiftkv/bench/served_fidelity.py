@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from swiftkv.errors import SwiftKVError
-from swiftkv.fidelity import common_prefix
+from swiftkv.fidelity import common_prefix, continuation_scores
 
 logger = logging.getLogger(__name__)
 
@@ -106,24 +106,12 @@ def hf_greedy(model, prompts: list[list[int]], new_tokens: int, eos_id) -> list[
     return out
 
 
-@torch.inference_mode()
-def hf_scores(model, prompt: list[int], continuation: list[int], k: int) -> tuple[list[float], list[list[int]]]:
-    """Teacher-forced on ``continuation``: the log-probability of each of its tokens and the top-k ids there."""
-    if not continuation:
-        return [], []
-    ids = torch.tensor([prompt + continuation[:-1]])
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
-    logp = torch.log_softmax(logits[len(prompt) - 1:], dim=-1)  # positions predicting continuation tokens
-    target = torch.tensor(continuation)
-    return logp.gather(1, target[:, None])[:, 0].tolist(), logp.topk(k, dim=-1).indices.tolist()
-
-
 def compare(model, prompts: list[list[int]], reference: list[list[int]], run: dict, k: int) -> list[dict]:
     """One row per prompt: the three measures of one served configuration against the transformers ``model``."""
     rows = []
     for i, (prompt, want, got, steps) in enumerate(zip(prompts, reference, run["token_ids"], run["logprobs"],
                                                        strict=True)):
-        lps, tops = hf_scores(model, prompt, got, k)
+        lps, tops = continuation_scores(model, prompt, got, k)
         diffs = [abs(s["logprob"] - lp) for s, lp in zip(steps, lps, strict=True)]
         overlaps = [len({t for t, _ in s["top"][:k]} & set(top)) / k for s, top in zip(steps, tops, strict=True)]
         rows.append({"prompt": i, "prompt_tokens": len(prompt), "hf_tokens": len(want), "vllm_tokens": len(got),

@@ -90,8 +90,7 @@ def cmd_bench_served_fidelity(args) -> None:
 
     from swiftkv.bench.served_fidelity import ServedFidelitySettings, served_fidelity
     from swiftkv.bench.vllm_throughput import vllm_python
-    from swiftkv.data import sharegpt_split
-    from swiftkv.heldout import read_conversations
+    from swiftkv.heldout import heldout_conversations
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import load_model
 
@@ -99,7 +98,7 @@ def cmd_bench_served_fidelity(args) -> None:
     settings = ServedFidelitySettings(num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
                                       new_tokens=args.new_tokens, top_k=args.top_k,
                                       max_num_batched_tokens=args.max_num_batched_tokens)
-    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    conversations = heldout_conversations(args.heldout)
     base, tokenizer = load_model(args.model, dtype="float32", resources=args.resources)
     if getattr(base.config, "swiftkv", None) is not None:
         raise SwiftKVError(f"{args.model} is a SwiftKV checkpoint; give its base model (students are converted here)")

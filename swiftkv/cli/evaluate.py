@@ -128,8 +128,7 @@ def cmd_eval(args) -> None:
 def cmd_long_context(args) -> None:
     import torch
 
-    from swiftkv.data import sharegpt_split
-    from swiftkv.heldout import read_conversations
+    from swiftkv.heldout import heldout_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
     from swiftkv.longctx import LongContextSettings, measure_long_context
@@ -142,7 +141,7 @@ def cmd_long_context(args) -> None:
     settings = LongContextSettings(lengths=tuple(args.lengths), depths=tuple(args.depths), samples=args.samples,
                                    contexts=tuple(args.contexts), conversations=args.conversations,
                                    target_tokens=args.target_tokens, seed=args.seed)
-    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    conversations = heldout_conversations(args.heldout)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
     model.eval()
     result = measure_long_context(model, tokenizer, conversations, settings)

@@ -139,8 +139,7 @@ def cmd_advise(args) -> None:
     import torch
 
     from swiftkv.advisor import AdvisorSettings, advise, calibrate, measure_candidates
-    from swiftkv.data import sharegpt_split
-    from swiftkv.heldout import read_conversations
+    from swiftkv.heldout import heldout_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
 
@@ -152,7 +151,7 @@ def cmd_advise(args) -> None:
                                num_sequences=args.num_sequences, max_tokens=args.max_tokens,
                                batch_size=args.batch_size, context_length=args.context_length, seed=args.seed)
     trained = _read_trained(args.trained) if args.trained else []
-    conversations = read_conversations(args.heldout) if args.heldout else sharegpt_split("heldout")
+    conversations = heldout_conversations(args.heldout)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
     result = measure_candidates(model, tokenizer, conversations, settings)
     cal = calibrate(result["rows"], trained, settings)
