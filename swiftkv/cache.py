@@ -31,8 +31,10 @@ def expected_cache_bytes(
     """(l + (L - l)/g) * 2 * h_kv * d_head * seq * batch * bytes (the paper's AcrossKV memory formula).
 
     An MQA student (``swiftkv_key_value_heads``) caches that many KV heads in its (L - l)/g later layer-caches."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     layers = cached_layers(config, swiftkv)
+    if getattr(config, "kv_lora_rank", None):  # DeepSeek-V2's latent attention: one latent + one RoPE key per token
+        return int(layers * (config.kv_lora_rank + config.qk_rope_head_dim) * seq_len * batch_size * bytes_per_value)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     mqa_heads = getattr(config, "swiftkv_key_value_heads", None)
     on = getattr(config, "swiftkv", False) if swiftkv is None else swiftkv
     if on and mqa_heads:

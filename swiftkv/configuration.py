@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from transformers import AutoConfig, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoConfig, DeepseekV2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from swiftkv._autoregister import done as _registered
 from swiftkv.errors import SwiftKVError
@@ -134,7 +134,16 @@ class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     model_type = "qwen2_swiftkv"
 
 
-SWIFTKV_CONFIGS: tuple[type, ...] = (LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig)
+class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
+    model_type = "qwen3_swiftkv"
+
+
+class DeepseekV2SwiftKVConfig(SwiftKVConfigMixin, DeepseekV2Config):
+    model_type = "deepseek_v2_swiftkv"
+
+
+SWIFTKV_CONFIGS: tuple[type, ...] = (LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig,
+                                     DeepseekV2SwiftKVConfig)
 
 
 def register_configs() -> None:

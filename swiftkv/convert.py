@@ -53,7 +53,11 @@ def convert_to_swiftkv(
 
     - ``q_proj_swiftkv`` of each layer >= l starts as a copy of that layer's ``q_proj``;
     - ``k/v_proj_swiftkv`` of each AcrossKV group leader start as the mean of the group's ``k/v_proj``;
-    - ``norm_swiftkv`` starts as a copy of ``layers[l].input_layernorm``.
+    - ``norm_swiftkv`` starts as a copy of ``layers[l].input_layernorm``;
+    - Qwen3: ``q_norm_swiftkv`` starts as a copy of the layer's ``q_norm``, ``k_norm_swiftkv`` as the group's mean
+      ``k_norm``;
+    - DeepSeek-V2 (latent attention): the query path is copied, each part of a leader's latent K/V path is the
+      group's mean (``_init_mla``).
     - ``key_value_heads`` (MQA student, paper Table B.2): the SwiftKV K/V of layers >= l get that many KV heads,
       each initialised as the mean of the teacher KV heads it replaces (consecutive heads, so every query head
       keeps reading the pool of the heads it read before); the cache of those layers shrinks accordingly.
@@ -61,6 +65,9 @@ def convert_to_swiftkv(
     Only ``norm_swiftkv`` and the ``*_swiftkv`` projections require grad afterwards.
     """
     l, g = num_key_value_layers, key_value_group_size
+    if key_value_heads is not None and getattr(model.config, "kv_lora_rank", None):
+        raise SwiftKVError("an MQA-style student (fewer KV heads) is not defined for latent attention (DeepSeek-V2), "
+                           "whose cache holds one latent per token; use AcrossKV (-g) instead")
     extra = {} if key_value_heads is None else {"swiftkv_key_value_heads": key_value_heads}
     config = swiftkv_config_from(model.config, l, g, **extra)
     family = FAMILIES[model.config.model_type]
@@ -77,11 +84,19 @@ def convert_to_swiftkv(
     layers = student.model.layers
     for i in range(l, config.num_hidden_layers):
         attn = layers[i].self_attn
+        if hasattr(attn, "kv_a_proj_with_mqa"):  # DeepSeek-V2's latent attention
+            _init_mla(attn, [layers[j].self_attn for j in range(i, i + g)] if (i - l) % g == 0 else None)
+            continue
         attn.q_proj_swiftkv = _copy_linear(attn.q_proj, ref)
+        if hasattr(attn, "q_norm"):  # Qwen3: the per-head query norm, copied
+            attn.q_norm_swiftkv.weight = nn.Parameter(attn.q_norm.weight.detach().clone())
         if (i - l) % g == 0:
             group = [layers[j].self_attn for j in range(i, i + g)]
             attn.k_proj_swiftkv = _mean_linear([a.k_proj for a in group], ref, attn.head_dim, key_value_heads)
             attn.v_proj_swiftkv = _mean_linear([a.v_proj for a in group], ref, attn.head_dim, key_value_heads)
+            if hasattr(attn, "k_norm"):  # Qwen3: the per-head key norm, the group's mean like k/v_proj
+                weight = torch.stack([a.k_norm.weight.float() for a in group]).mean(0).to(ref.dtype)
+                attn.k_norm_swiftkv.weight = nn.Parameter(weight)
     norm = student.model.norm_swiftkv
     source = layers[l].input_layernorm if l < config.num_hidden_layers else student.model.norm
     norm.weight = nn.Parameter(source.weight.detach().clone())
@@ -92,6 +107,72 @@ def convert_to_swiftkv(
     student.generation_config = model.generation_config
     student.eval()
     return student
+
+
+ARCTIC_INFERENCE_TYPES = ("llama_swiftkv",)  # what Snowflake's vLLM plugin serves
+
+
+@torch.no_grad()
+def expand_acrosskv(model):
+    """The same student with its own ``k/v_proj_swiftkv`` (and, in Qwen3, ``k_norm_swiftkv``) in every layer >= l,
+    copies of its AcrossKV group leader's, and ``key_value_group_size = 1``: what a loader that ignores the group size
+    and expects those weights in every later layer reads (Snowflake's arctic-inference). Every logit is unchanged;
+    the KV cache is no longer shared across layers, so AcrossKV's memory saving is lost."""
+    import copy
+
+    from swiftkv.models.common import group_leader
+
+    cfg = model.config
+    if cfg.model_type not in SWIFTKV_MODEL_TYPES:
+        raise SwiftKVError(f"{cfg.model_type!r} is not a SwiftKV checkpoint; convert (and distil) a base model first")
+    if getattr(cfg, "swiftkv_key_value_heads", None):
+        raise SwiftKVError("an MQA-style student (swiftkv_key_value_heads) has no form with one K/V per layer here; "
+                           "serve it with transformers")
+    l, L = cfg.num_key_value_layers, cfg.num_hidden_layers
+    state = dict(model.state_dict())
+    for i in range(l, L):
+        leader = group_leader(i, cfg)
+        if i == leader:
+            continue
+        for name in ("k_proj_swiftkv", "v_proj_swiftkv", "k_norm_swiftkv",  # and DeepSeek-V2's latent path
+                     "kv_a_proj_with_mqa_swiftkv", "kv_a_layernorm_swiftkv", "kv_b_proj_swiftkv"):
+            for part in ("weight", "bias"):
+                key = f"model.layers.{leader}.self_attn.{name}.{part}"
+                if key in state:
+                    state[f"model.layers.{i}.self_attn.{name}.{part}"] = state[key].clone()
+    config = copy.deepcopy(cfg)
+    config.key_value_group_size = 1
+    family = next(f for f in FAMILIES.values() if f.model_type == cfg.model_type)
+    with torch.device("meta"):
+        out = family.model_class(config)
+    out.load_state_dict(state, strict=True, assign=True)
+    for name, buf in model.named_buffers():
+        _set_by_name(out, name, buf)
+    out.tie_weights()
+    out.generation_config = model.generation_config
+    return out.eval()
+
+
+def check_arctic_inference_type(kind: str) -> None:
+    """Refuse, in one line, a checkpoint type that Snowflake's vLLM plugin cannot serve."""
+    if not kind.endswith("_swiftkv"):
+        raise SwiftKVError(f"{kind!r} is not a SwiftKV checkpoint; convert (and distil) a base model first")
+    if kind not in ARCTIC_INFERENCE_TYPES:
+        raise SwiftKVError(f"arctic-inference serves {', '.join(ARCTIC_INFERENCE_TYPES)} checkpoints only, not {kind}; "
+                           "serve this one with our vLLM plugin (swiftkv.vllm_plugin) or transformers")
+
+
+def export_arctic_inference(model, tokenizer, output, overwrite: bool = False) -> str | None:
+    """Write ``model`` (a Llama SwiftKV checkpoint) as Snowflake's vLLM plugin loads it: ``expand_acrosskv``, then
+    the usual checkpoint. Returns the note to show the user (AcrossKV's saving lost), or None."""
+    check_arctic_inference_type(model.config.model_type)
+    g = model.config.key_value_group_size
+    save_model_dir(expand_acrosskv(model), tokenizer, output, overwrite=overwrite,
+                   what="arctic-inference checkpoint")
+    if g == 1:
+        return None
+    return (f"note: the {g}-way AcrossKV groups were expanded into one K/V per layer (arctic-inference ignores "
+            "key_value_group_size): outputs are unchanged, but the served KV cache is no smaller than SwiftKV's alone")
 
 
 def set_trainable(model, scope: str = "partial") -> list[str]:
@@ -112,6 +193,24 @@ def set_trainable(model, scope: str = "partial") -> list[str]:
         if train:
             names.append(name)
     return names
+
+
+def _init_mla(attn, group: list | None) -> None:
+    """DeepSeek-V2: the student's query path copies the layer's own (``q_proj`` or the query LoRA); a group leader's
+    latent path (``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``) starts as the group's mean of each."""
+    import copy
+
+    from swiftkv.models.deepseek_v2 import MLA_KV, MLA_QUERY
+
+    for name in MLA_QUERY:
+        if getattr(attn, name, None) is not None:
+            setattr(attn, f"{name}_swiftkv", copy.deepcopy(getattr(attn, name)))
+    for name in MLA_KV if group else ():
+        module = copy.deepcopy(getattr(group[0], name))
+        for pname, param in module.named_parameters():
+            stacked = torch.stack([dict(getattr(a, name).named_parameters())[pname].float() for a in group])
+            param.data = stacked.mean(0).to(param.dtype)
+        setattr(attn, f"{name}_swiftkv", module)
 
 
 def _copy_linear(src: nn.Linear, like: torch.Tensor) -> nn.Linear:

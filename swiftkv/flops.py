@@ -23,6 +23,12 @@ at 50%; the full 128K window (131,072) gives 171.8 GFLOPs (160.0 only in units o
 need no assumption; ours are 4.20 / 2.68 / 21.5 / 112.7 against the paper's 4.3 / 2.6 / 22 / 113, within one unit
 of the paper's last digit (the paper's totals are sums of its rounded columns).
 
+DeepSeek-V2 (latent attention, MoE): ``kv_proj`` is the latent and RoPE-key projection (d x (c + r)) plus its per-head
+expansion (c x h (n + v)); ``qo_proj`` the query (or its LoRA pair) and the output; ``attention`` 2 h (n + r) + 2 h v
+per key; ``mlp`` the dense first layers' MLP and, after them, the shared plus the activated routed experts and the
+router; the KV cache holds c + r values per token and layer (c = kv_lora_rank, r = qk_rope_head_dim, n, v: the
+no-position key and value head dims).
+
 ``prefill_flops`` counts the work of one real forward of a prompt instead (what ``swiftkv bench prefill`` times):
 the embedding is a lookup (0 FLOPs), the LM head runs only for the kept positions, and those positions also run
 the layers >= l.
@@ -55,6 +61,11 @@ class Dims:
     vocab: int
     windows: tuple[int | None, ...]  # sliding window of each layer (None = full attention)
     name: str = ""
+    # DeepSeek-V2: latent attention (q_lora_rank or None, kv_lora_rank, qk_nope, qk_rope, v head dims) and the MLP width
+    # each layer runs per token (MoE: shared + activated experts) with its router's expert count (0: dense)
+    mla: tuple[int | None, int, int, int, int] | None = None
+    mlp_widths: tuple[int, ...] | None = None
+    routers: tuple[int, ...] | None = None
 
 
 def load_config(path: str | os.PathLike):
@@ -73,11 +84,14 @@ def load_config(path: str | os.PathLike):
 
 
 def model_dims(config) -> Dims:
-    """Dims of a transformers config (multimodal configs: their text model). Dense decoders only."""
+    """Dims of a transformers config (multimodal configs: their text model): dense decoders, and DeepSeek-V2's
+    latent attention with MoE (the active experts' MLP)."""
     if isinstance(config, (str, os.PathLike)):
         config = load_config(config)
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
+    if getattr(config, "kv_lora_rank", None) and getattr(config, "qk_rope_head_dim", None):
+        return _mla_dims(config)
     for moe_key in ("num_experts", "n_routed_experts", "num_local_experts", "kv_lora_rank"):
         if getattr(config, moe_key, None):
             raise SwiftKVError(
@@ -107,6 +121,29 @@ def model_dims(config) -> Dims:
     return Dims(L, d, inter, heads, kv_heads, head_dim, vocab, windows, getattr(config, "model_type", ""))
 
 
+def _mla_dims(config) -> Dims:
+    """DeepSeek-V2: latent attention and, from layer ``first_k_dense_replace`` on, MoE layers whose active MLP is the
+    shared experts plus ``num_experts_per_tok`` routed ones (all of width ``moe_intermediate_size``)."""
+    L, d, heads = int(config.num_hidden_layers), int(config.hidden_size), int(config.num_attention_heads)
+    dense = int(getattr(config, "first_k_dense_replace", 0) or 0)
+    routed = int(getattr(config, "n_routed_experts", 0) or 0)
+    active = (int(getattr(config, "n_shared_experts", 0) or 0) + int(config.num_experts_per_tok or 0)) \
+        * int(config.moe_intermediate_size or 0)
+    widths = tuple(int(config.intermediate_size) if i < dense or not routed else active for i in range(L))
+    mla = (config.q_lora_rank, int(config.kv_lora_rank), int(config.qk_nope_head_dim), int(config.qk_rope_head_dim),
+           int(config.v_head_dim))
+    return Dims(L, d, int(config.intermediate_size), heads, heads, int(config.qk_rope_head_dim), int(config.vocab_size),
+                (None,) * L, getattr(config, "model_type", ""), mla=mla, mlp_widths=widths,
+                routers=tuple(0 if i < dense else routed for i in range(L)))
+
+
+def _mlp(dims: Dims, layer: int) -> float:
+    """FLOPs of one token through layer ``layer``'s MLP (gated: 3 matrices; MoE: the active experts and the router)."""
+    if dims.mlp_widths is None:
+        return 3 * 2 * dims.hidden * dims.intermediate
+    return 3 * 2 * dims.hidden * dims.mlp_widths[layer] + 2 * dims.hidden * dims.routers[layer]
+
+
 def _check_swiftkv(dims: Dims, num_key_value_layers: int | None, key_value_group_size: int) -> tuple[int, int]:
     L = dims.num_layers
     l = L if num_key_value_layers is None else int(num_key_value_layers)
@@ -134,8 +171,18 @@ def _mean_keys(context_length: int, window: int | None) -> float:
 
 
 def _per_layer(dims: Dims) -> dict[str, float]:
-    """FLOPs of one token through one layer's projections and MLP."""
+    """FLOPs of one token through one layer's projections and MLP (the first layer's MLP: ``_mlp`` per layer)."""
     d = dims.hidden
+    if dims.mla is not None:  # latent attention: K/V = the latent and RoPE key, expanded per head by kv_b_proj
+        q_lora, kv_lora, nope, rope, v = dims.mla
+        h = dims.num_heads
+        query = 2 * d * h * (nope + rope) if q_lora is None else 2 * d * q_lora + 2 * q_lora * h * (nope + rope)
+        return {
+            "kv_proj": 2 * d * (kv_lora + rope) + 2 * kv_lora * h * (nope + v),
+            "qo_proj": query + 2 * h * v * d,
+            "mlp": _mlp(dims, 0),
+            "attention_per_key": 2 * h * (nope + rope) + 2 * h * v,
+        }
     return {
         "kv_proj": 2 * 2 * d * dims.num_kv_heads * dims.head_dim,
         "qo_proj": 2 * 2 * d * dims.num_heads * dims.head_dim,
@@ -171,7 +218,7 @@ def prefill_flops_per_token(
         "vocab": 2 * 2 * dims.hidden * dims.vocab,
         "kv_proj": kv_layers(dims.num_layers, l, g) * per["kv_proj"],
         "qo_proj": l * per["qo_proj"],
-        "mlp": l * per["mlp"],
+        "mlp": sum(_mlp(dims, i) for i in range(l)),
         "attention": keys * per["attention_per_key"],
     }
     return _finish(flops)
@@ -192,7 +239,7 @@ def decode_flops_per_token(config, context_length: int = DEFAULT_CONTEXT_LENGTH)
         "vocab": 2 * 2 * dims.hidden * dims.vocab,
         "kv_proj": dims.num_layers * per["kv_proj"],
         "qo_proj": dims.num_layers * per["qo_proj"],
-        "mlp": dims.num_layers * per["mlp"],
+        "mlp": sum(_mlp(dims, i) for i in range(dims.num_layers)),
         "attention": keys * per["attention_per_key"],
     }
     return _finish(flops)
@@ -228,7 +275,7 @@ def prefill_flops(
         "vocab": k * 2 * dims.hidden * dims.vocab,
         "kv_proj": N * kv_layers(dims.num_layers, l, g) * per["kv_proj"],
         "qo_proj": (N * l + k * late_layers) * per["qo_proj"],
-        "mlp": (N * l + k * late_layers) * per["mlp"],
+        "mlp": N * sum(_mlp(dims, i) for i in range(l)) + k * sum(_mlp(dims, i) for i in range(l, dims.num_layers)),
         "attention": per["attention_per_key"] * (
             sum(keys(w, early) for w in dims.windows[:l]) + sum(keys(w, late) for w in dims.windows[l:])
         ),
@@ -246,7 +293,8 @@ def kv_cache(
     dims = config if isinstance(config, Dims) else model_dims(config)
     l, g = _check_swiftkv(dims, num_key_value_layers, key_value_group_size)
     layers = kv_layers(dims.num_layers, l, g)
-    per_layer = 2 * dims.num_kv_heads * dims.head_dim
+    # latent attention caches one latent and one shared RoPE key per token and layer; otherwise K and V per KV head
+    per_layer = dims.mla[1] + dims.mla[3] if dims.mla else 2 * dims.num_kv_heads * dims.head_dim
     base = dims.num_layers * per_layer * bytes_per_value
     return {
         "kv_cache_layers": layers,

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 import swiftkv  # noqa: F401  (registers the SwiftKV model types)
 
@@ -22,10 +33,17 @@ TINY = dict(
     eos_token_id=None,
 )
 
+DEEPSEEK_TINY = dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+                     v_head_dim=12, head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     moe_intermediate_size=32, first_k_dense_replace=1)
+
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 32}),  # per-head q/k norms; head_dim != hidden / heads
+    # latent attention (no query LoRA here; tests/test_models.py adds one) and MoE after the first (dense) layer
+    "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM, DEEPSEEK_TINY),
 }
 
 

@@ -16,7 +16,8 @@ from tests.conftest import random_ids, tiny_base
 
 
 @pytest.mark.parametrize("family,arch", [("llama", "LlamaSwiftKVForCausalLM"), ("qwen2", "Qwen2SwiftKVForCausalLM"),
-                                         ("mistral", "MistralSwiftKVForCausalLM")])
+                                         ("mistral", "MistralSwiftKVForCausalLM"),
+                                         ("qwen3", "Qwen3SwiftKVForCausalLM")])
 def test_save_load_keeps_names(tmp_path, family, arch):
     base = tiny_base(family, num_hidden_layers=6)
     model = convert_to_swiftkv(base, 2, 2)
@@ -37,6 +38,8 @@ def test_save_load_keeps_names(tmp_path, family, arch):
             expected.add(f"model.layers.{i}.self_attn.{n}_proj_swiftkv.weight")
             if bias:
                 expected.add(f"model.layers.{i}.self_attn.{n}_proj_swiftkv.bias")
+            if family == "qwen3" and n != "v":  # Snowflake's Qwen3 names: the per-head norms beside q and k
+                expected.add(f"model.layers.{i}.self_attn.{n}_norm_swiftkv.weight")
     assert extra == expected
     # every teacher weight stays in the file (the vLLM plugin expects q/k/v_proj of every layer)
     assert {f"model.layers.{i}.self_attn.{n}_proj.weight" for i in range(6) for n in "qkv"} <= keys
@@ -161,3 +164,50 @@ def test_register_is_idempotent():
     swiftkv.register()
     swiftkv.register()
     assert AutoConfig.for_model("llama_swiftkv").model_type == "llama_swiftkv"
+
+
+def test_arctic_inference_export_expands_acrosskv_and_keeps_every_logit(tmp_path):
+    """Snowflake's plugin reads num_key_value_layers only and expects k/v_proj_swiftkv in every layer >= l."""
+    from swiftkv.convert import export_arctic_inference
+
+    model = convert_to_swiftkv(tiny_base("llama", num_hidden_layers=6), 2, 2)
+    with torch.no_grad():  # a trained-looking student: group leaders' K/V differ from any teacher layer's
+        for name, p in model.named_parameters():
+            if "swiftkv" in name:
+                p.add_(0.01 * torch.randn_like(p))
+    note = export_arctic_inference(model, None, tmp_path / "arctic")
+    assert note.startswith("note: the 2-way AcrossKV groups were expanded") and "no smaller" in note
+    config = json.loads((tmp_path / "arctic" / "config.json").read_text())
+    assert (config["architectures"], config["model_type"]) == (["LlamaSwiftKVForCausalLM"], "llama_swiftkv")
+    assert (config["num_key_value_layers"], config["key_value_group_size"], config["swiftkv"]) == (2, 1, True)
+    with safe_open(tmp_path / "arctic" / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        for i in range(2, 6):
+            leader = 2 + (i - 2) // 2 * 2
+            for n in ("k", "v"):
+                w = f.get_tensor(f"model.layers.{i}.self_attn.{n}_proj_swiftkv.weight")
+                assert torch.equal(w, getattr(model.model.layers[leader].self_attn, f"{n}_proj_swiftkv").weight)
+    assert {f"model.layers.{i}.self_attn.{n}_proj.weight" for i in range(6) for n in "qkv"} <= keys
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "arctic").eval()
+    ids = random_ids(2, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, model(ids).logits)
+        torch.testing.assert_close(exported(ids, logits_to_keep=1).logits, model(ids, logits_to_keep=1).logits)
+    assert export_arctic_inference(convert_to_swiftkv(tiny_base("llama"), 2), None, tmp_path / "g1") is None
+
+
+def test_arctic_inference_export_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys):
+    from swiftkv.cli import main
+
+    from tests.conftest import tiny_tokenizer
+
+    for name, model in (("qwen2", convert_to_swiftkv(tiny_base("qwen2"), 2)), ("base", tiny_base("llama"))):
+        model.save_pretrained(tmp_path / name)
+        tiny_tokenizer().save_pretrained(tmp_path / name)
+    capsys.readouterr()
+    for src, message in (("qwen2", "arctic-inference serves llama_swiftkv checkpoints only, not qwen2_swiftkv"),
+                         ("base", "'llama' is not a SwiftKV checkpoint")):
+        code = main(["export", str(tmp_path / src), "--format", "arctic-inference", "-o", str(tmp_path / f"out-{src}")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and message in err and "\n" not in err, err
+        assert not (tmp_path / f"out-{src}").exists()

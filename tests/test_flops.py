@@ -194,3 +194,26 @@ def test_snapped_group_size_shows_in_the_label():
     (row,) = settings_table(cfg, [{"label": "50% SwiftKV + 4-way AcrossKV", "skip": 0.5, "group": 4}], 16)
     assert (row["num_key_value_layers"], row["key_value_group_size"]) == (3, 3)
     assert row["setting"] == "50% SwiftKV + 3-way AcrossKV"
+
+
+def test_deepseek_v2_lite_counts_latent_attention_and_the_active_experts():
+    """DeepSeek-V2-Lite (config/models): ~2.4B activated parameters per token (DeepSeek's own figure: the active
+    experts, attention and the LM head), an MLA cache of kv_lora_rank + qk_rope_head_dim values per token and layer."""
+    dims = model_dims(ROOT / "config/models/deepseek-v2-lite-chat.json")
+    assert dims.mla == (None, 512, 128, 64, 128) and dims.mlp_widths[0] == 10944 and dims.mlp_widths[1] == 8 * 1408
+    base = prefill_flops_per_token(dims, context_length=1)
+    active = (base["kv_proj"] + base["qo_proj"] + base["mlp"]) * 1e9 / 2 + dims.hidden * dims.vocab
+    assert 2.3e9 < active < 2.5e9
+    kv = kv_cache(dims, 15, 1)  # Snowflake's SwiftKV cut for this model: l = 15 of 27
+    assert kv["kv_cache_bytes_per_token"] == 27 * (512 + 64) * 2 and kv["kv_cache_reduction"] == 0.0
+    kv = kv_cache(dims, 15, 4)
+    assert kv["kv_cache_layers"] == 15 + 12 / 4 and kv["kv_cache_reduction"] == pytest.approx(1 - 18 / 27)
+    half = prefill_flops_per_token(dims, 14, 1, context_length=1)
+    # prompt tokens stop after layer l: every per-layer op but the K/V (still made for every later layer) shrinks
+    d = 2048
+    dense, moe = 3 * 2 * d * 10944, 3 * 2 * d * 8 * 1408 + 2 * d * 64  # the router: one d x 64 matmul
+    assert base["mlp"] * 1e9 == pytest.approx(dense + 26 * moe) and half["mlp"] * 1e9 == pytest.approx(dense + 13 * moe)
+    assert half["kv_proj"] == base["kv_proj"] and half["qo_proj"] == pytest.approx(base["qo_proj"] * 14 / 27)
+    # a real forward: the last position runs the later layers' active experts too
+    one = prefill_flops(dims, 1024, 14, 1)
+    assert one["mlp"] > 1024 * half["mlp"] * 1e9

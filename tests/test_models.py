@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.testing import assert_close
+from transformers import AutoModelForCausalLM
 
-from swiftkv import convert_to_swiftkv
+from swiftkv import SwiftKVError, convert_to_swiftkv
 from tests.conftest import left_padded, random_ids, tiny_base
 
 
@@ -44,6 +45,88 @@ def test_l_equals_L_is_the_base_model(family):
     ids, mask = left_padded()
     assert_close(model(ids, attention_mask=mask).logits, base(ids, attention_mask=mask).logits)
     assert_close(model(ids, attention_mask=mask, logits_to_keep=1).logits, base(ids, attention_mask=mask).logits[:, -1:])
+
+
+@torch.no_grad()
+def test_fresh_student_with_one_later_layer_is_the_teacher(family):
+    """With l = L - 1 and g = 1 the converted student's only later layer computes Q, K and V from
+    norm_swiftkv(h_l) = input_layernorm(h_l) with copies of its own projections (and, in Qwen3, of its q/k norms):
+    exactly the teacher. Fails if any part of the SwiftKV path (a per-head norm, RoPE, the boundary) is missing."""
+    base = tiny_base(family)
+    model = convert_to_swiftkv(base, base.config.num_hidden_layers - 1)
+    ids, mask = left_padded()
+    assert_close(model(ids, attention_mask=mask).logits, base(ids, attention_mask=mask).logits)
+    assert_close(model(ids, attention_mask=mask, logits_to_keep=1).logits, base(ids, attention_mask=mask).logits[:, -1:])
+
+
+@torch.no_grad()
+def test_the_cache_holds_l_plus_one_layer_per_group(family):
+    from swiftkv.cache import cache_bytes, expected_cache_bytes
+
+    model = convert_to_swiftkv(tiny_base(family, num_hidden_layers=6), 2, 2)  # 2 + 4 / 2 = 4 layer-caches
+    out = model(random_ids(3, 7), use_cache=True)
+    assert sum(1 for layer in out.cache.layers if getattr(layer, "keys", None) is not None
+               and layer.keys.numel()) == 4
+    assert cache_bytes(out.cache) == expected_cache_bytes(model.config, 7, batch_size=3, bytes_per_value=4)
+
+
+@torch.no_grad()
+def test_deepseek_v2_with_a_query_lora_keeps_snowflakes_names_and_the_skip(tmp_path):
+    from safetensors import safe_open
+
+    base = tiny_base("deepseek_v2", q_lora_rank=12, num_hidden_layers=6)
+    fresh = convert_to_swiftkv(base, 5)  # one later layer, fresh: the teacher (test above, with the query LoRA)
+    ids, mask = left_padded()
+    assert_close(fresh(ids, attention_mask=mask).logits, base(ids, attention_mask=mask).logits)
+    model = convert_to_swiftkv(base, 2, 2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "swiftkv" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    full = full_student_greedy(model, ids, mask, 4)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(out, full)
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        names = {k for k in f.keys() if "swiftkv" in k}
+    query = {f"model.layers.{i}.self_attn.{n}_swiftkv.weight" for i in range(2, 6)
+             for n in ("q_a_proj", "q_a_layernorm", "q_b_proj")}
+    latent = {f"model.layers.{i}.self_attn.{n}_swiftkv.weight" for i in (2, 4)
+              for n in ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")}
+    assert names == query | latent | {"model.norm_swiftkv.weight"}
+    from swiftkv.convert import set_trainable
+
+    assert set(set_trainable(model, "partial")) == names  # distillation trains exactly these; MoE experts stay frozen
+    full = set(set_trainable(model, "full"))
+    assert any(".mlp.experts" in n for n in full) and not any(n.startswith("model.layers.1.") for n in full)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert_close(reloaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+    with pytest.raises(SwiftKVError, match="latent attention"):
+        convert_to_swiftkv(base, 2, key_value_heads=1)
+
+
+@torch.no_grad()
+def test_qwen3_swiftkv_norms_start_from_the_teachers_and_are_trained():
+    from swiftkv.convert import set_trainable
+
+    base = tiny_base("qwen3", num_hidden_layers=6)
+    for i, layer in enumerate(base.model.layers):  # distinct per-layer norms, so that a group mean is visible
+        layer.self_attn.q_norm.weight.fill_(1.0 + i)
+        layer.self_attn.k_norm.weight.fill_(2.0 + i)
+    model = convert_to_swiftkv(base, 2, 2)
+    layers = model.model.layers
+    for i in range(2, 6):
+        assert_close(layers[i].self_attn.q_norm_swiftkv.weight, torch.full((32,), 1.0 + i))
+    assert_close(layers[2].self_attn.k_norm_swiftkv.weight, torch.full((32,), 2.0 + 2.5))  # mean of layers 2 and 3
+    assert_close(layers[4].self_attn.k_norm_swiftkv.weight, torch.full((32,), 2.0 + 4.5))
+    assert not hasattr(layers[3].self_attn, "k_norm_swiftkv") and not hasattr(layers[1].self_attn, "q_norm_swiftkv")
+    names = set(set_trainable(model, "partial"))
+    assert {f"model.layers.{i}.self_attn.q_norm_swiftkv.weight" for i in range(2, 6)} <= names
+    assert {"model.layers.2.self_attn.k_norm_swiftkv.weight", "model.layers.4.self_attn.k_norm_swiftkv.weight"} <= names
+    ids = random_ids(1, 10)
+    before = model(ids).logits
+    layers[4].self_attn.k_norm_swiftkv.weight.mul_(3.0)  # the norm is on the path: changing it changes the logits
+    assert (model(ids).logits - before).abs().max() > 1e-4
 
 
 @torch.no_grad()

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_entry_point_names_the_plugin():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["vllm.general_plugins"]["swiftkv"] == "swiftkv.vllm_plugin:register"
-    assert set(ARCHITECTURES) == {"LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM"}
+    assert set(ARCHITECTURES) == {"LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM", "Qwen3SwiftKVForCausalLM"}
     for target in ARCHITECTURES.values():
         assert target.startswith("swiftkv.vllm_plugin.model:")
 
@@ -82,6 +82,36 @@ def test_missing_vllm_venv_is_one_line(tmp_path, capsys):
                  str(tmp_path / "x.json")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: no vLLM venv") and "\n" not in err
+
+
+def _mistral_student(tmp_path) -> Path:
+    from swiftkv import convert_to_swiftkv
+    from tests.conftest import tiny_base
+
+    convert_to_swiftkv(tiny_base("mistral"), 2).save_pretrained(tmp_path / "mistral")
+    return tmp_path / "mistral"
+
+
+def test_families_the_plugin_does_not_serve_get_one_line(tmp_path, capsys):
+    from swiftkv.vllm_plugin import UNSERVED_ARCHITECTURES, check_served, unserved_message
+    from swiftkv.vllm_plugin.generate import main as generate
+
+    line = unserved_message({"model_type": "mistral_swiftkv", "architectures": ["MistralSwiftKVForCausalLM"]})
+    assert line.startswith("mistral_swiftkv checkpoints are not served") and "LlamaSwiftKVForCausalLM" not in line
+    assert "Llama, Qwen2, Qwen3" in line and "\n" not in line
+    assert unserved_message({"model_type": "qwen3_swiftkv", "architectures": ["Qwen3SwiftKVForCausalLM"]}) is None
+    assert unserved_message({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}) is None  # plain vLLM
+    assert "MistralSwiftKVForCausalLM" in UNSERVED_ARCHITECTURES and not set(UNSERVED_ARCHITECTURES) & set(ARCHITECTURES)
+    ckpt = _mistral_student(tmp_path)
+    with pytest.raises(SwiftKVError, match="mistral_swiftkv checkpoints are not served"):
+        check_served(ckpt)
+    check_served(tmp_path / "missing")  # not a checkpoint directory here (e.g. a hub id): vLLM decides
+    (tmp_path / "p.json").write_text("[[1, 2, 3]]")
+    capsys.readouterr()
+    code = generate(["--model", str(ckpt), "--prompts", str(tmp_path / "p.json"), "-o", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: mistral_swiftkv checkpoints are not served") and "\n" not in err
+    assert not (tmp_path / "o.json").exists()
 
 
 # -- the engine: greedy equality with transformers, prefill skip, chunked/mixed batches, AcrossKV capacity --------
@@ -233,7 +263,7 @@ def test_acrosskv_cache_holds_more_tokens(engine_runs):
     assert g3 / g1 == pytest.approx(30 / 20, rel=0.01)
 
 
-FAMILY_CASES = [("llama", False), ("qwen2", False), ("llama", True)]
+FAMILY_CASES = [("llama", False), ("qwen2", False), ("qwen3", False), ("llama", True)]
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +307,8 @@ def family_runs(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,teacher", FAMILY_CASES)
 def test_tiny_random_family_matches_transformers(family_runs, family, teacher):
-    """Both registered families (Qwen2: biased projections) on tiny random weights, AcrossKV l = 2, g = 2 of 4;
+    """Every registered family (Qwen2: biased projections; Qwen3: per-head q/k norms) on tiny random weights,
+    AcrossKV l = 2, g = 2 of 4;
     and a checkpoint saved with ``swiftkv: false``, served as its teacher."""
     returncode, log, work, reference = family_runs[(family, teacher)]
     assert returncode == 0, log[-6000:]
@@ -288,3 +319,19 @@ def test_tiny_random_family_matches_transformers(family_runs, family, teacher):
         assert run["kv_sharing_fast_prefill"] is False
     else:
         assert run["stats"]["tokens_past_boundary"] < run["stats"]["tokens"]
+
+
+@pytest.mark.slow
+def test_vllm_itself_stops_an_unserved_family_with_the_plugins_line(tmp_path):
+    """``vllm serve DIR`` / ``LLM(DIR)`` without our wrappers: the plugin's config hook stops the engine's
+    configuration with the same line (not vLLM's list of every architecture it knows)."""
+    python = _vllm_python_or_skip()
+    ckpt = _mistral_student(tmp_path)
+    code = (f"from vllm import LLM\nLLM(model={str(ckpt)!r}, skip_tokenizer_init=True, dtype='float32', "
+            "max_model_len=64)\n")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), VLLM_PLUGINS="swiftkv"))
+    log = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, log
+    assert proc.stderr.strip().splitlines()[-1].startswith("mistral_swiftkv checkpoints are not served by the "
+                                                            "SwiftKV vLLM plugin"), log

@@ -18,7 +18,8 @@ import swiftkv.bench.serving.vllm
 import swiftkv.configuration
 from swiftkv.bench.serving.variants import parse_variants
 from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
-from swiftkv.vllm_plugin import ARCHITECTURES, arctic_selected, register
+from swiftkv.vllm_plugin import (ARCHITECTURES, UNSERVED_ARCHITECTURES, UNSERVED_TARGET, UnservedFamily,
+                                 arctic_selected, register)
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_LOGGER = "vllm.swiftkv_plugin"
@@ -72,6 +73,10 @@ def _plugin_lines(caplog) -> list[tuple[int, str]]:
     return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == PLUGIN_LOGGER]
 
 
+# what a supported vLLM gets: the served architectures, and the unserved SwiftKV ones (which stop with one line)
+REGISTERED = {**ARCHITECTURES, **dict.fromkeys(UNSERVED_ARCHITECTURES, UNSERVED_TARGET)}
+
+
 def _nothing_registered(state) -> bool:
     return state.models == {} and state.config_hooks == {} and state.auto_configs == 0
 
@@ -90,8 +95,8 @@ def test_supported_vllm_registers_both_architectures_and_their_config_hooks(fake
     state = fake_vllm("0.32.1+cpu")
     caplog.set_level(logging.INFO, logger=PLUGIN_LOGGER)
     register()
-    assert state.models == ARCHITECTURES and state.auto_configs == 1
-    assert set(state.config_hooks) == set(ARCHITECTURES)
+    assert state.models == REGISTERED and state.auto_configs == 1
+    assert set(state.config_hooks) == set(REGISTERED)
     hook = state.config_hooks["LlamaSwiftKVForCausalLM"]
     assert issubclass(hook, state.base_hook) and not _plugin_lines(caplog)
     # the hook turns on fast prefill and eager execution for a checkpoint that skips layers >= l
@@ -100,6 +105,13 @@ def test_supported_vllm_registers_both_architectures_and_their_config_hooks(fake
                                         cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=False))
     hook.verify_and_update_config(vllm_config)
     assert vllm_config.model_config.enforce_eager and vllm_config.cache_config.kv_sharing_fast_prefill
+    # an unserved family's hook stops the engine's configuration with one line naming the families served
+    unserved = state.config_hooks["DeepseekV2SwiftKVForCausalLM"]
+    hf_config = types.SimpleNamespace(to_dict=lambda: {"model_type": "deepseek_v2_swiftkv",
+                                                       "architectures": ["DeepseekV2SwiftKVForCausalLM"]})
+    with pytest.raises(UnservedFamily) as err:
+        unserved.verify_and_update_model_config(types.SimpleNamespace(hf_config=hf_config))
+    assert "deepseek_v2_swiftkv checkpoints are not served" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_release_lacking_the_config_hooks_warns_once(fake_vllm, caplog):
@@ -131,7 +143,7 @@ def test_stands_aside_when_snowflakes_plugin_is_selected(fake_vllm, caplog, monk
         [(level, line)] = _plugin_lines(caplog)
         assert level == logging.INFO and "ARCTIC_INFERENCE_ENABLED=1" in line and "\n" not in line
     else:
-        assert state.models == ARCHITECTURES and set(state.config_hooks) == set(ARCHITECTURES)
+        assert state.models == REGISTERED and set(state.config_hooks) == set(REGISTERED)
         assert not _plugin_lines(caplog)
 
 

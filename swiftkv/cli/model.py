@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from swiftkv.cli.options import add_model_args, as_teacher, non_empty, positive_int, resolve_device, resolve_dtype
 from swiftkv.errors import SwiftKVError
@@ -24,6 +25,21 @@ def cmd_convert(args) -> None:
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
     student = convert_to_swiftkv(model, args.num_key_value_layers, args.key_value_group_size)
     save_model_dir(student, tokenizer, args.output, overwrite=args.overwrite, what="converted SwiftKV checkpoint")
+    print(args.output)
+
+
+def cmd_export(args) -> None:
+    from swiftkv.convert import check_arctic_inference_type, export_arctic_inference
+    from swiftkv.flops import load_config
+    from swiftkv.loading import load_model
+
+    if Path(args.model).is_dir():  # refuse before loading any weights
+        check_arctic_inference_type(load_config(args.model).model_type)
+
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    note = export_arctic_inference(model, tokenizer, args.output, overwrite=args.overwrite)
+    if note:
+        print(note, file=sys.stderr)
     print(args.output)
 
 
@@ -199,6 +215,17 @@ def add_parsers(sub) -> None:
     p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="g: AcrossKV group size (default 1)")
     p.add_argument("--output", "-o", required=True, help="output directory")
     p.set_defaults(func=cmd_convert, output_kind="dir", check_student_shape=True)
+
+    p = sub.add_parser("export", help="write a SwiftKV checkpoint in the form another serving tool loads",
+                       description="--format arctic-inference: a Llama SwiftKV checkpoint that Snowflake's vLLM plugin "
+                       "(arctic-inference) loads. That plugin reads num_key_value_layers only, ignores "
+                       "key_value_group_size and expects k/v_proj_swiftkv in every layer >= l, so AcrossKV groups are "
+                       "expanded into copies of their leader's K/V (same outputs; the AcrossKV memory saving is lost "
+                       "there).")
+    add_model_args(p)
+    p.add_argument("--format", required=True, choices=["arctic-inference"], help="the target tool's form")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.set_defaults(func=cmd_export, output_kind="dir")
 
     p = sub.add_parser("generate", help="greedy-generate a reply (SwiftKV checkpoints run as the student)")
     add_model_args(p)

@@ -7,10 +7,19 @@ from dataclasses import dataclass
 from transformers import AutoModelForCausalLM
 
 from swiftkv._autoregister import done as _registered
-from swiftkv.configuration import LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, register_configs
+from swiftkv.configuration import (
+    DeepseekV2SwiftKVConfig,
+    LlamaSwiftKVConfig,
+    MistralSwiftKVConfig,
+    Qwen2SwiftKVConfig,
+    Qwen3SwiftKVConfig,
+    register_configs,
+)
+from swiftkv.models.deepseek_v2 import DeepseekV2SwiftKVForCausalLM
 from swiftkv.models.llama import LlamaSwiftKVForCausalLM
 from swiftkv.models.mistral import MistralSwiftKVForCausalLM
 from swiftkv.models.qwen2 import Qwen2SwiftKVForCausalLM
+from swiftkv.models.qwen3 import Qwen3SwiftKVForCausalLM
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,8 @@ FAMILIES: dict[str, Family] = {
         Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
         Family("mistral", MistralSwiftKVConfig, MistralSwiftKVForCausalLM),
         Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
+        Family("qwen3", Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM),
+        Family("deepseek_v2", DeepseekV2SwiftKVConfig, DeepseekV2SwiftKVForCausalLM),
     )
 }
 SWIFTKV_MODEL_TYPES = {f.model_type for f in FAMILIES.values()}
@@ -46,6 +57,8 @@ register()  # importing the model classes makes them loadable through the Auto c
 _registered(__name__)
 
 __all__ = [
+    "DeepseekV2SwiftKVConfig",
+    "DeepseekV2SwiftKVForCausalLM",
     "FAMILIES",
     "SWIFTKV_MODEL_TYPES",
     "Family",
@@ -56,4 +69,6 @@ __all__ = [
     "MistralSwiftKVForCausalLM",
     "Qwen2SwiftKVConfig",
     "Qwen2SwiftKVForCausalLM",
+    "Qwen3SwiftKVConfig",
+    "Qwen3SwiftKVForCausalLM",
 ]

@@ -1,7 +1,7 @@
 """SwiftKV on top of a transformers decoder family: the parts every family shares.
 
-Each family module (``llama.py``, ``mistral.py``, ``qwen2.py``) subclasses the family's transformers classes
-and mixes in the classes below; everything that is not SwiftKV stays the family's own code.
+Each family module (``llama.py``, ``mistral.py``, ``qwen2.py``, ``qwen3.py``) subclasses the family's transformers
+classes and mixes in the classes below; everything that is not SwiftKV stays the family's own code.
 
 Student forward (``config.swiftkv = True``), with l = ``num_key_value_layers`` and g = ``key_value_group_size``:
 
@@ -75,6 +75,10 @@ class SwiftKVAttentionMixin:
             n_kv = config.swiftkv_key_value_heads or config.num_key_value_heads
             self.k_proj_swiftkv = nn.Linear(config.hidden_size, n_kv * self.head_dim, bias=bias)
             self.v_proj_swiftkv = nn.Linear(config.hidden_size, n_kv * self.head_dim, bias=bias)
+            if hasattr(self, "k_norm"):  # Qwen3: the group's keys are normalised per head, as the teacher's are
+                self.k_norm_swiftkv = type(self.k_norm)(self.head_dim, eps=config.rms_norm_eps)
+        if hasattr(self, "q_norm"):  # Qwen3: the student's queries are normalised per head (initialised from q_norm)
+            self.q_norm_swiftkv = type(self.q_norm)(self.head_dim, eps=config.rms_norm_eps)
         n_kv = config.swiftkv_key_value_heads
         if n_kv:  # MQA-style student (fewer KV heads in the later layers): the attention kernels read this
             self.swiftkv_num_key_value_groups = config.num_attention_heads // n_kv
@@ -98,8 +102,10 @@ class SwiftKVAttentionMixin:
             )
         # SwiftKV: the query comes from this layer's own stream; K/V were made at the boundary (and cached there).
         input_shape = hidden_states.shape[:-1]  # B, N
-        query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)  # B,Hq,N,D
-        query = apply_rope(query, *position_embeddings)
+        query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim)  # B,N,Hq,D
+        if hasattr(self, "q_norm_swiftkv"):
+            query = self.q_norm_swiftkv(query)
+        query = apply_rope(query.transpose(1, 2), *position_embeddings)  # B,Hq,N,D
         key, value = swiftkv_key_value  # B,Hkv,S,D each
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -239,7 +245,10 @@ class SwiftKVModelMixin:
         key_values = {}
         for leader in range(l, L, g):
             attn = self.layers[leader].self_attn
-            key = apply_rope(attn.k_proj_swiftkv(x).view(shape).transpose(1, 2), cos, sin)  # B,Hkv,S,D
+            key = attn.k_proj_swiftkv(x).view(shape)  # B,S,Hkv,D
+            if hasattr(attn, "k_norm_swiftkv"):
+                key = attn.k_norm_swiftkv(key)
+            key = apply_rope(key.transpose(1, 2), cos, sin)  # B,Hkv,S,D
             value = attn.v_proj_swiftkv(x).view(shape).transpose(1, 2)  # B,Hkv,S,D
             if state.cache is not None:
                 key, value = state.cache.update(key, value, leader)
@@ -354,13 +363,17 @@ class SwiftKVModelMixin:
 
         if can_skip:
             masks = {t: select_query_rows(m, index) for t, m in state.dense_masks.items()}
-            cos, sin = state.position_embeddings
             batch = boundary.shape[0]
+            embeddings = state.position_embeddings  # (cos, sin), or DeepSeek's complex frequencies
+            if isinstance(embeddings, tuple):
+                embeddings = tuple(select_positions(e.expand(batch, -1, -1), index) for e in embeddings)
+            else:
+                embeddings = select_positions(embeddings.expand(batch, -1, -1), index)
             hidden = self.run_swiftkv_layers(
                 select_positions(boundary, index),
                 key_values,
                 masks,
-                (select_positions(cos.expand(batch, -1, -1), index), select_positions(sin.expand(batch, -1, -1), index)),
+                embeddings,
                 select_positions(state.position_ids.expand(batch, -1), index),
                 **kwargs,
             )

@@ -1,4 +1,5 @@
-"""vLLM plugin: serve SwiftKV checkpoints (``LlamaSwiftKVForCausalLM``, ``Qwen2SwiftKVForCausalLM``) in vLLM's V1 engine.
+"""vLLM plugin: serve SwiftKV checkpoints (``LlamaSwiftKVForCausalLM``, ``Qwen2SwiftKVForCausalLM``,
+``Qwen3SwiftKVForCausalLM``) in vLLM's V1 engine.
 
 Installed as the ``vllm.general_plugins`` entry point ``swiftkv`` (pyproject.toml), so any vLLM command in a venv
 where this package is installed serves a SwiftKV checkpoint directory directly: ``vllm serve DIR``,
@@ -39,7 +40,12 @@ PREFILL_SKIP_ENV = "SWIFTKV_VLLM_PREFILL_SKIP"
 ARCHITECTURES = {
     "LlamaSwiftKVForCausalLM": "swiftkv.vllm_plugin.model:LlamaSwiftKVForCausalLM",
     "Qwen2SwiftKVForCausalLM": "swiftkv.vllm_plugin.model:Qwen2SwiftKVForCausalLM",
+    "Qwen3SwiftKVForCausalLM": "swiftkv.vllm_plugin.model:Qwen3SwiftKVForCausalLM",
 }
+# SwiftKV architectures of families this plugin does not serve: registered so that vLLM reaches the plugin's one line
+# (unserved_message) instead of listing every architecture it knows
+UNSERVED_ARCHITECTURES = ("MistralSwiftKVForCausalLM", "DeepseekV2SwiftKVForCausalLM")
+UNSERVED_TARGET = "swiftkv.vllm_plugin.model:UnservedSwiftKVForCausalLM"
 # Entry-point names, as vLLM's VLLM_PLUGINS lists them (comma-separated; unset: load all, empty: load none)
 PLUGIN_NAME = "swiftkv"  # ours (pyproject.toml)
 ARCTIC_PLUGIN = "arctic_inference"  # Snowflake's (arctic-inference's pyproject.toml)
@@ -81,6 +87,32 @@ def model_stats(model) -> dict | None:
     return dict(inner.stats) if hasattr(inner, "stats") else None
 
 
+def unserved_message(config: Mapping) -> str | None:
+    """One line for a SwiftKV checkpoint (its ``config.json`` as a dict) of a family this plugin does not serve;
+    None for the families it serves and for models that are not SwiftKV checkpoints."""
+    model_type = str(config.get("model_type") or "")
+    if not model_type.endswith("_swiftkv") or set(config.get("architectures") or []) & set(ARCHITECTURES):
+        return None
+    served = ", ".join(a.removesuffix("SwiftKVForCausalLM") for a in ARCHITECTURES)
+    return (f"{model_type} checkpoints are not served by the SwiftKV vLLM plugin (it serves {served}); run this model "
+            "with transformers instead (swiftkv generate, swiftkv bench serve --engine hf)")
+
+
+def check_served(model: str | os.PathLike) -> None:
+    """Raise SwiftKVError (one line) if the checkpoint directory ``model`` is a SwiftKV family this plugin does not
+    serve; anything else (a base model, a hub id, a served family) passes."""
+    import json
+    from pathlib import Path
+
+    from swiftkv.errors import SwiftKVError
+
+    path = Path(model) / "config.json"
+    if path.is_file():
+        message = unserved_message(json.loads(path.read_text()))
+        if message:
+            raise SwiftKVError(message)
+
+
 def _config_hook(base: type) -> type:
     """The per-architecture config hook, a subclass of vLLM's ``VerifyAndUpdateConfig`` (``base``)."""
 
@@ -109,6 +141,24 @@ def _config_hook(base: type) -> type:
                             "(set %s=0 for prompt logprobs)", l, hf_config.num_hidden_layers - 1, PREFILL_SKIP_ENV)
 
     return SwiftKVConfig
+
+
+class UnservedFamily(SystemExit):
+    """Stops a vLLM process that was asked to serve a SwiftKV family this plugin does not serve. A ``SystemExit``
+    (status 1, the line on stderr, no traceback): vLLM builds its model config inside pydantic validation, which
+    would wrap a ``ValueError`` into a multi-line validation error; Python code can still catch it."""
+
+
+def _unserved_hook(base: type) -> type:
+    """The config hook of an unserved SwiftKV architecture: stops the engine's configuration with one line."""
+
+    class UnservedSwiftKVConfig(base):
+        @staticmethod
+        def verify_and_update_model_config(model_config) -> None:
+            raise UnservedFamily(unserved_message(model_config.hf_config.to_dict())
+                                 or f"{model_config.architecture} is not served by the SwiftKV vLLM plugin")
+
+    return UnservedSwiftKVConfig
 
 
 def register() -> None:
@@ -140,3 +190,7 @@ def register() -> None:
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)
         MODELS_CONFIG_MAP[arch] = hook
+    unserved = _unserved_hook(VerifyAndUpdateConfig)
+    for arch in UNSERVED_ARCHITECTURES:
+        ModelRegistry.register_model(arch, UNSERVED_TARGET)
+        MODELS_CONFIG_MAP[arch] = unserved

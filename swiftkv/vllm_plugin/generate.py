@@ -39,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SWIFTKV_VLLM_STATS"] = "1"
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model ships model_stats by reference
 
+    from swiftkv.errors import SwiftKVError
+    from swiftkv.vllm_plugin import check_served
+
+    try:
+        check_served(args.model)
+    except SwiftKVError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

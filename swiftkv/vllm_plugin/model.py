@@ -1,4 +1,4 @@
-"""SwiftKV models for vLLM's V1 engine (Llama and Qwen2 families, Snowflake's checkpoint format).
+"""SwiftKV models for vLLM's V1 engine (Llama, Qwen2 and Qwen3 families, Snowflake's checkpoint format).
 
 Layout of the stack, with l = ``num_key_value_layers`` and g = ``key_value_group_size``:
 
@@ -38,6 +38,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaMLP
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer, Qwen2MLP
+from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, extract_layer_index, make_layers
 from vllm.transformers_utils.config import set_default_rope_theta
 from vllm.utils.torch_utils import _encode_layer_name
@@ -64,6 +65,7 @@ class Family:
     head_dim: Callable[[object], int]
     prepare: Callable[[object], None] = lambda config: None
     rope_kwargs: Callable[[object], dict] = lambda config: {}
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of queries and keys before RoPE (q/k_norm_swiftkv in layers >= l)
 
 
 def _llama_attention_bias(config) -> bool:
@@ -95,6 +97,19 @@ QWEN2 = Family(
     o_bias=lambda config: False,
     head_dim=lambda config: config.hidden_size // config.num_attention_heads,
     prepare=lambda config: set_default_rope_theta(config, default_theta=1000000),
+)
+
+
+QWEN3 = Family(
+    name="qwen3",
+    teacher_layer=lambda vllm_config, config, prefix: Qwen3DecoderLayer(
+        config=config, cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config, prefix=prefix),
+    mlp=QWEN2.mlp,  # vLLM's Qwen3 uses Qwen2's MLP
+    qkv_bias=lambda config: bool(getattr(config, "attention_bias", False)),
+    o_bias=lambda config: bool(getattr(config, "attention_bias", False)),
+    head_dim=lambda config: getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+    prepare=lambda config: set_default_rope_theta(config, default_theta=1000000),
+    qk_norm=True,
 )
 
 
@@ -142,6 +157,8 @@ class SwiftKVAttention(nn.Module):
         self.q_proj_swiftkv = ColumnParallelLinear(config.hidden_size, total_heads * self.head_dim,
                                                    bias=family.qkv_bias(config), quant_config=quant_config,
                                                    prefix=f"{prefix}.q_proj_swiftkv")
+        # Qwen3: the student's per-head query norm (the teacher's q_norm of this layer is not loaded)
+        self.q_norm_swiftkv = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if family.qk_norm else None
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=family.o_bias(config),
                                         quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.rotary_emb = get_rope(self.head_dim, max_position=config.max_position_embeddings,
@@ -154,6 +171,8 @@ class SwiftKVAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, _ = self.q_proj_swiftkv(hidden_states)  # n, Hq*D
+        if self.q_norm_swiftkv is not None:
+            q = self.q_norm_swiftkv(q.view(-1, self.num_heads, self.head_dim)).view(q.shape)
         q, _ = self.rotary_emb(positions, q, None)
         out = self.attn(q, None, None)  # n, Hq*D
         out, _ = self.o_proj(out)
@@ -239,6 +258,9 @@ class SwiftKVModel(nn.Module):
             self.rotary_emb = get_rope(head_dim, max_position=config.max_position_embeddings,
                                        rope_parameters=getattr(config, "rope_parameters", None),
                                        **family.rope_kwargs(config))
+            # Qwen3: each group's per-head key norm (k_norm_swiftkv of its leader), row k for group k
+            self.k_norm_swiftkv = GroupHeadNorm(len(self.leaders), head_dim, config.rms_norm_eps) \
+                if family.qk_norm else None
         self.hf_to_vllm_mapper = self._weights_mapper()
         self.stats = {"steps": 0, "tokens": 0, "tokens_past_boundary": 0, "prefill_steps": 0, "mixed_steps": 0}
         self._count = os.environ.get(STATS_ENV) == "1"
@@ -257,6 +279,10 @@ class SwiftKVModel(nn.Module):
             for k, leader in enumerate(self.leaders):
                 stacked[f"layers.{leader}.self_attn.k_proj_swiftkv."] = ("kv_proj_swiftkv.", k)
                 stacked[f"layers.{leader}.self_attn.v_proj_swiftkv."] = ("kv_proj_swiftkv.", n + k)
+                stacked[f"layers.{leader}.self_attn.k_norm_swiftkv."] = ("k_norm_swiftkv.", k)
+            for i in range(l, L):  # Qwen3: the teacher's q/k norms of the later layers are not used either
+                for name in ("q_norm", "k_norm"):
+                    drop[f"layers.{i}.self_attn.{name}."] = None
         # The family's own fusions, matched with the trailing dot so that "*_proj_swiftkv" names are left alone.
         stacked.update({".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"),
                         ".v_proj.": (".qkv_proj.", "v"), ".gate_proj.": (".gate_up_proj.", 0),
@@ -286,6 +312,9 @@ class SwiftKVModel(nn.Module):
         kv, _ = self.kv_proj_swiftkv(x)  # N, 2*G*kv
         n = len(self.leaders) * self.kv_size
         keys, values = kv[:, :n], kv[:, n:]  # N, G*kv each
+        if self.k_norm_swiftkv is not None:  # Qwen3: per-head key norm of each group, before RoPE
+            heads = keys.reshape(keys.shape[0], len(self.leaders), self.num_kv_heads, -1)  # N, G, kv heads, D
+            keys = self.k_norm_swiftkv(heads).reshape(keys.shape)
         keys, _ = self.rotary_emb(positions, keys, None)  # every group's K heads at once
         for k, owner in enumerate(self.kv_owners.values()):
             key = keys[:, k * self.kv_size:(k + 1) * self.kv_size].view(-1, self.num_kv_heads, owner.head_size)
@@ -343,6 +372,27 @@ class SwiftKVModel(nn.Module):
         return loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)
 
 
+class GroupHeadNorm(nn.Module):
+    """RMSNorm over the head dimension with one weight per AcrossKV group: x (N, G, heads, D), weight (G, D). Loads
+    each leader's ``k_norm_swiftkv.weight`` into its row (the shard id the weights mapper gives it)."""
+
+    def __init__(self, groups: int, head_dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(groups, head_dim))
+        self.weight.weight_loader = self._load
+
+    @staticmethod
+    def _load(param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data[loaded.shard_id].copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float()[None, :, None, :] * x).to(dtype)
+
+
 class SwiftKVForCausalLM(nn.Module):
     """Causal LM head over :class:`SwiftKVModel`; subclasses name the family."""
 
@@ -382,3 +432,30 @@ class LlamaSwiftKVForCausalLM(SwiftKVForCausalLM):
 
 class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLM):
     family = QWEN2
+
+
+class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLM):
+    family = QWEN3
+
+
+class UnservedSwiftKVForCausalLM(nn.Module):
+    """Registered for the SwiftKV architectures this plugin does not serve (``UNSERVED_ARCHITECTURES``): their config
+    hook stops the engine first; should a model still be built, it stops with the same line."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        from swiftkv.vllm_plugin import unserved_message
+
+        config = vllm_config.model_config.hf_config
+        raise SwiftKVError(unserved_message(config.to_dict()) or "this SwiftKV family is not served by the plugin")
+
+    # vLLM's interface, so that its registry inspects this class as a text-generation model and the engine's
+    # configuration reaches the config hook's line; never called (the constructor stops first)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError

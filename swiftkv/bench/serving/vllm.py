@@ -43,7 +43,7 @@ from swiftkv.bench.serving.variants import VariantSpec, reference_of
 from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
 from swiftkv.errors import SwiftKVError
-from swiftkv.vllm_plugin import ARCHITECTURES, ARCTIC_PLUGIN, PLUGIN_NAME, arctic_selected
+from swiftkv.vllm_plugin import ARCHITECTURES, ARCTIC_PLUGIN, PLUGIN_NAME, arctic_selected, unserved_message
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class VllmEngine:
         A ``VLLM_PLUGINS`` in the variant's own env wins."""
         if arctic_selected(spec.env):
             return ARCTIC_PLUGIN
+        config = self.config_of(spec)
+        unserved = unserved_message(config.to_dict()) if config is not None and not spec.is_swiftkv else None
+        if unserved:
+            raise SwiftKVError(unserved)
         if spec.is_swiftkv or set(getattr(self.config_of(spec), "architectures", None) or []) & set(ARCHITECTURES):
             return PLUGIN_NAME
         return ""
