@@ -15,7 +15,13 @@ SUMMARY_FILE = "distill.json"
 
 def read_train_log(run_dir: str | Path) -> pd.DataFrame:
     """One row per logged event (``event`` = train | eval) of a run directory's ``train_log.jsonl``."""
-    lines = (Path(run_dir) / LOG_FILE).read_text().splitlines()
+    path = Path(run_dir) / LOG_FILE
+    if not path.exists() and path.with_name(path.name + ".gz").is_file():  # a raw folder's compressed copy
+        import gzip
+
+        lines = gzip.decompress(path.with_name(path.name + ".gz").read_bytes()).decode().splitlines()
+    else:
+        lines = path.read_text().splitlines()
     return pd.DataFrame([json.loads(x) for x in lines if x.strip()])
 
 

@@ -149,18 +149,13 @@ SWIFTKV, ACROSSKV = "swiftkv-50", "swiftkv-50-acrosskv-3"
 def _serving(reports: Path, study: str):
     """The measured rows of a serving study as committed in reports/raw/serving/<study> (every result file of its
     manifest), and the manifest's path; a missing folder is no evidence."""
-    import json
-
     from analysis.raw import MANIFEST, serving_raw
-    from analysis.serving import load_raw
+    from analysis.serving import load_study
 
     root = Path(serving_raw(study, reports))
-    manifest = root / MANIFEST
-    if not manifest.is_file():
+    if not (root / MANIFEST).is_file():
         raise NoEvidence(str(root), f"{serving_raw(study, reports.name)} is missing (rule raw_serving)")
-    sources = [f["source"] for f in json.loads(manifest.read_text())["files"].values()]
-    df = load_raw(root, sources)
-    return df[df["status"] == "measured"], str(manifest)
+    return load_study(root), str(root / MANIFEST)
 
 
 def _engine_point(row, key: str, unit: str) -> str:
@@ -367,6 +362,41 @@ def _served_model_faithful(reports: Path) -> Evidence:
                     short="" if enough else f"some configurations have fewer than {MIN_FIDELITY_PROMPTS} prompts")
 
 
+def _prefill_time_halved(reports: Path) -> Evidence:
+    """Per (model, prompt length >= 1024): the SwiftKV 50% student's prefill speedup over base, the median over the
+    interleaved repeats of the same repeat's time ratio (interval: bootstrap over repeats), divided by the speedup the
+    FLOPs predict (reports/raw/forward_time, rule bench_forward_time). Fewer than MIN_REPEATS repeats: no interval."""
+    import json
+
+    from analysis.io import read_json
+    from analysis.raw import MANIFEST, raw_path
+    from analysis.stats import median_ci
+
+    root = reports / "raw" / "forward_time"
+    if not (root / MANIFEST).is_file():
+        raise NoEvidence(str(root), "reports/raw/forward_time is missing (rule raw_analysis)")
+    points = []
+    for meta in json.loads((root / MANIFEST).read_text())["files"].values():
+        data = read_json(raw_path(root, meta["source"]))
+        L = data["num_hidden_layers"]
+        half = f"swiftkv-l{max(1, min(L, round(L * 0.5)))}"  # swiftkv.bench.speed.kept_layers(L, 0.5)
+        rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
+        for (variant, tokens), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
+            base = rows.get(("base", tokens))
+            if variant != half or tokens < 1024 or base is None:
+                continue
+            ratios = [b / t for b, t in zip(base["times_s"], row["times_s"])]
+            predicted = 1.0 / row["predicted_ratio"]
+            est = median_ci(ratios)
+            enough = len(ratios) >= MIN_REPEATS
+            points.append(Point(f"{data.get('model', Path(meta['source']).stem)} {tokens} tokens",
+                                est.value / predicted, est.low / predicted if enough else math.nan,
+                                est.high / predicted if enough else math.nan))
+    if not points:
+        raise NoEvidence(str(root), "no SwiftKV 50% row at a prompt of >= 1024 tokens in reports/raw/forward_time")
+    return Evidence(points, [str(root / MANIFEST)])
+
+
 def _awaiting(what: str):
     return lambda reports: Evidence([], [], what)
 
@@ -381,8 +411,7 @@ EVALUATORS = {
     "simscore-predicts-loss": _simscore_predicts_loss,
     "served-model-faithful": _served_model_faithful,
     "long-context-loss-flat": _long_context_flat,
-    "prefill-time-halved": _awaiting("the repeat-level timings behind Fig. 2 (right) are in results/, not reports/; "
-                                     "evaluated once they are committed (raw results)"),
+    "prefill-time-halved": _prefill_time_halved,
     "quality-loss-25": _seeded(["swiftkv-25"], "base", column="delta_base", table="table2.csv"),
     "quality-loss-50": _seeded(["swiftkv-50"], "base", column="delta_base", table="table2.csv"),
     "quality-cliff-beyond-50": _seeded(["swiftkv-62"], "swiftkv-50"),

@@ -16,14 +16,15 @@ from swiftkv.io import atomic_path
 
 def read_simscore(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     """SimScore CSVs (one per model: model, metric, layer, num_layers, depth, simscore, ci_low, ci_high)."""
-    return pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    return pd.concat([pd.read_csv(p if Path(p).exists() or not Path(f"{p}.gz").is_file() else f"{p}.gz")
+                      for p in paths], ignore_index=True)
 
 
 def read_metadata(paths: Iterable[str | os.PathLike]) -> dict[str, dict]:
     """The JSON sidecars of SimScore runs, by model."""
     out = {}
     for p in paths:
-        meta = json.loads(Path(p).read_text())
+        meta = read_json(p)
         out[meta["model"]] = meta
     return out
 
@@ -32,7 +33,7 @@ def read_prefill_time(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     """Prefill benchmark JSONs (``swiftkv bench prefill``) as one row per (model, variant, length)."""
     frames = []
     for p in paths:
-        data = json.loads(Path(p).read_text())
+        data = read_json(p)
         df = pd.DataFrame(data["results"]).drop(columns=["times_s"], errors="ignore")
         df.insert(0, "model", data.get("model", Path(p).stem))
         df["num_hidden_layers"] = data["num_hidden_layers"]
@@ -48,7 +49,7 @@ def read_flops(paths: Iterable[str | os.PathLike], key: str) -> pd.DataFrame:
     """The ``key`` records ('table1' or 'kv_memory') of per-model FLOPs JSONs, with the model name."""
     frames = []
     for p in paths:
-        data = json.loads(Path(p).read_text())
+        data = read_json(p)
         df = pd.DataFrame(data[key])
         df.insert(0, "model", data["model"])
         frames.append(df)

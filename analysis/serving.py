@@ -410,3 +410,83 @@ def serving_fidelity_markdown(table: pd.DataFrame) -> str:
                  f"{t.tolerance_greedy_mean:g}, max |Δ log p| <= {t.tolerance_logprob_max_abs:g}, mean <= "
                  f"{t.tolerance_logprob_mean_abs:g}, top-k overlap >= {t.tolerance_topk_mean:g}.")
     return "\n".join(lines)
+
+
+# -- the README's serving summary (generated from reports/raw/serving/<study>, never typed) ---------------------
+
+
+def load_study(raw: str | Path) -> pd.DataFrame:
+    """The measured rows of one serving study's raw folder (every result file its manifest lists); empty without
+    the folder."""
+    from analysis.raw import MANIFEST
+
+    manifest = Path(raw) / MANIFEST
+    if not manifest.is_file():
+        return pd.DataFrame()
+    sources = [f["source"] for f in read_json(manifest)["files"].values()]
+    df = load_raw(raw, sources)
+    return df[df["status"] == "measured"] if not df.empty else df
+
+
+def _cell(row, name: str) -> str:
+    value, lo, hi = (row.get(f"{name}{s}") for s in ("", "_lo", "_hi"))
+    if value is None or pd.isna(value):
+        return "–"
+    return f"{value:.2f} [{lo:.2f}, {hi:.2f}]" if pd.notna(lo) else f"{value:.2f}"
+
+
+def _noise_cell(row, name: str) -> str:
+    lo, hi = row.get(f"{name}_noise_lo"), row.get(f"{name}_noise_hi")
+    return "–" if lo is None or pd.isna(lo) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+SUMMARY_VARIANTS = ("swiftkv-50", "swiftkv-50-acrosskv-3")  # the two rows every serving study compares to base
+
+
+def _point_label(study: str, row) -> str:
+    if study == "throughput":
+        out = row.get("output_len")
+        return f"{row['input_len']:g} in" + (f" / {out:g} out" if pd.notna(out) else "")
+    if study == "kv-limit":
+        return f"{row['kv_limit_bytes'] / 2**20:g} MiB"
+    if study == "sharegpt":
+        ratio = row.get("ratio_of_sums")
+        return f"ratio ≥ {row['min_ratio']:g}" + (f" (ratio of sums {ratio:.1f})" if pd.notna(ratio) else "")
+    return f"{row['request_rate']:g} req/s"
+
+
+def serving_markdown(studies: dict[str, pd.DataFrame]) -> str:
+    """The README's serving numbers: per study, point and engine, each variant's ratio to base with its 95%
+    interval (analysis.serving's estimators, the ones the claims read) beside the base-vs-base interval of the same
+    point. ``studies``: study -> ``load_study`` of its raw folder."""
+    out = []
+    speed = [(s, speedup_intervals(studies[s])) for s in ("throughput", "kv-limit", "sharegpt")
+             if s in studies and not studies[s].empty]
+    if speed:
+        out += ["| study | point | engine | rounds | SwiftKV 50 % | + 3-way AcrossKV | base again (noise) |",
+                "|---|---|---|---|---|---|---|"]
+        for study, frame in speed:
+            key = POINT_KEY[study]
+            for (engine, _), g in frame.groupby(["engine_label", key], sort=False):
+                by = g.set_index("variant")
+                first = by.loc[SUMMARY_VARIANTS[0]] if SUMMARY_VARIANTS[0] in by.index else g.iloc[0]
+                cells = [_cell(by.loc[v], "speedup_paired") if v in by.index else "–" for v in SUMMARY_VARIANTS]
+                out.append(f"| {study} | {_point_label(study, first)} | {engine} | {first['n_repeats']:.0f} | "
+                           f"{cells[0]} | {cells[1]} | {_noise_cell(first, 'speedup_paired')} |")
+        out.append("\nThroughput ratio to base: the median over interleaved rounds of the same round's ratio, with a "
+                   "bootstrap interval over rounds; the noise column is the same estimate for base measured again.")
+    if "latency" in studies and not studies["latency"].empty:
+        frame = latency_intervals(studies["latency"])
+        out += ["", "| rate | engine | requests | TTFT SwiftKV 50 % | TTFT + AcrossKV | TTFT noise | TPOT SwiftKV 50 % "
+                "| TPOT + AcrossKV | TPOT noise |", "|---|---|---|---|---|---|---|---|---|"]
+        for (engine, _), g in frame.groupby(["engine_label", "request_rate"], sort=False):
+            by = g.set_index("variant")
+            first = by.loc[SUMMARY_VARIANTS[0]] if SUMMARY_VARIANTS[0] in by.index else g.iloc[0]
+            cells = [_cell(by.loc[v], m) if v in by.index else "–" for m in ("ttft_ratio", "tpot_ratio")
+                     for v in SUMMARY_VARIANTS]
+            out.append(f"| {_point_label('latency', first)} | {engine} | {first['n_requests_timed']:.0f} | "
+                       f"{cells[0]} | {cells[1]} | {_noise_cell(first, 'ttft_ratio')} | {cells[2]} | {cells[3]} | "
+                       f"{_noise_cell(first, 'tpot_ratio')} |")
+        out.append("\nTTFT and TPOT: the variant's median over base's on the same requests (same prompts and "
+                   "arrival times), with a paired bootstrap interval over requests; below 1 is faster.")
+    return "\n".join(out).lstrip("\n")

@@ -208,3 +208,37 @@ def test_a_serving_effect_must_clear_the_measured_noise_floor_to_hold():
     below = Rule(kind="every_point", direction="below", threshold=1.0)
     assert point_verdict(below, Point("p", 0.6, 0.55, 0.65, noise=(0.9, 1.1))) == HOLDS
     assert point_verdict(below, Point("p", 0.95, 0.92, 0.97, noise=(0.93, 1.07))) == UNCLEAR
+
+
+def _forward_time_raw(tmp_path, monkeypatch, repeats: int, gain: float) -> Path:
+    """A prefill benchmark result as rule raw_analysis commits it (reports/raw/forward_time)."""
+    import json
+
+    from analysis.raw import collect
+
+    rows = []
+    for tokens in (512, 1024, 2048):
+        base = [1.0 + 0.05 * (i % 3) for i in range(repeats)]
+        for variant, ratio, factor in (("base", 1.0, 1.0), ("swiftkv-l15", 0.52, gain), ("swiftkv-l8", 0.27, 3.0)):
+            rows.append({"variant": variant, "prefill_tokens": tokens, "predicted_ratio": ratio,
+                         "times_s": [b / factor * (1 + 0.01 * (i % 2)) for i, b in enumerate(base)]})
+    src = tmp_path / "results/prefill_time/m.json"
+    src.parent.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    src.write_text(json.dumps({"model": "m", "num_hidden_layers": 30, "results": rows}))
+    collect(["results/prefill_time/m.json"], tmp_path / "reports/raw/forward_time", "hash", "abc", repo=tmp_path)
+    return tmp_path / "reports"
+
+
+def test_prefill_time_is_judged_on_every_long_prompt_against_the_flops_prediction(tmp_path, monkeypatch):
+    from analysis.claims import AWAITING, DECIDED, evaluate
+
+    assert evaluate(tmp_path / "reports").set_index("id").loc["prefill-time-halved", "status"] == AWAITING
+    row = evaluate(_forward_time_raw(tmp_path, monkeypatch, 5, 1.8)).set_index("id").loc["prefill-time-halved"]
+    # 1.8x measured against 1 / 0.52 = 1.92x predicted: 0.94 of the prediction on both long prompts; 512 is no point
+    assert (row.status, row.verdict, row.n_points) == (DECIDED, HOLDS, 2)
+    assert row.estimate == pytest.approx(1.8 * 0.52, abs=0.02) and "m 1024 tokens" in row.points
+    row = evaluate(_forward_time_raw(tmp_path / "slow", monkeypatch, 5, 1.4)).set_index("id").loc["prefill-time-halved"]
+    assert row.verdict == FAILS  # 0.73 of the prediction
+    row = evaluate(_forward_time_raw(tmp_path / "few", monkeypatch, 3, 1.8)).set_index("id").loc["prefill-time-halved"]
+    assert row.verdict == UNCLEAR  # fewer repeats than registered: estimates without intervals

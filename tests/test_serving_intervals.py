@@ -161,3 +161,27 @@ def test_memory_limit_and_sharegpt_claims_read_the_rounds_of_every_point(tmp_pat
     assert mem.estimate == pytest.approx(0.28, abs=0.02)
     trend = frame.loc["speedup-grows-with-input-output-ratio"]
     assert (trend.status, trend.verdict, trend.estimate) == (DECIDED, HOLDS, pytest.approx(1.0))
+
+
+def test_the_readme_serving_summary_is_generated_from_the_raw_folders(tmp_path, monkeypatch):
+    from analysis.raw import serving_raw
+    from analysis.serving import load_study, serving_markdown
+
+    monkeypatch.chdir(tmp_path)
+    _commit_raw(tmp_path, "throughput", _throughput_rows(5, 1.5), VARIANTS)
+    rows = [{"variant": v, "request_rate": 0.5, "ttft_ms": [k * (100.0 + i) for i in range(50)],
+             "tpot_ms": [20.0 * k] * 50} for v, k in (("base", 1), ("swiftkv-50", 0.5), ("base-again", 1))]
+    _commit_raw(tmp_path, "latency", rows, VARIANTS)
+    studies = {s: load_study(serving_raw(s)) for s in ("throughput", "latency", "kv-limit", "sharegpt")}
+    assert studies["kv-limit"].empty  # no raw folder: no rows, no table line
+    md = serving_markdown(studies)
+    lines = md.splitlines()
+    row = next(x for x in lines if x.startswith("| throughput | 1024 in / 64 out |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[3] == "5" and cells[4].startswith("1.5") and cells[5] == "–"  # no AcrossKV row in this run
+    low, high = (float(x) for x in cells[6].strip("[]").split(","))
+    assert 0.98 <= low < 1.0 < high <= 1.02  # base against itself
+    rate = next(x for x in lines if x.startswith("| 0.5 req/s |"))
+    cells = [c.strip() for c in rate.split("|")[1:-1]]
+    assert cells[2] == "50" and cells[3].startswith("0.5") and cells[6] == "0.50 [0.50, 0.50]"
+    assert "kv-limit" not in md and sum(x.startswith("| throughput |") for x in lines) == 3

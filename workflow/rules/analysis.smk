@@ -19,6 +19,36 @@ def flops_context_length(wildcards):
 FLOPS_TABLE1_MODELS = list(dict.fromkeys(config["flops"]["table1_models"] + list(MODELS)))
 FLOPS_KV_MODELS = list(dict.fromkeys(config["flops"]["kv_memory_models"] + list(MODELS)))
 
+# The results behind each analysis figure and table, committed as reports/raw/<study> with a manifest (analysis/raw.py);
+# the figure and table rules read them from there, so that a clone re-derives them (issue 16, item 6).
+ANALYSIS_RAW = {
+    "flops": [f"results/flops/{m}.json" for m in dict.fromkeys(FLOPS_TABLE1_MODELS + FLOPS_KV_MODELS)],
+    "simscore": [f"results/simscore/{m}.{ext}" for m in config["simscore"]["models"] for ext in ("csv", "json")],
+    "forward_time": [f"results/prefill_time/{m}.json" for m in config["prefill_time"]["models"]],
+}
+
+
+def analysis_sources(study, pattern):
+    """The results of ``study``'s raw folder that match ``pattern`` (a glob of the source path)."""
+    from fnmatch import fnmatch
+
+    return [s for s in ANALYSIS_RAW[study] if fnmatch(s, pattern)]
+
+
+rule raw_analysis:
+    input:
+        lambda w: ANALYSIS_RAW[w.study],
+    output:
+        directory("reports/raw/{study}"),
+    wildcard_constraints:
+        study="|".join(ANALYSIS_RAW),
+    log:
+        "logs/raw_analysis/{study}.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
 
 rule compute_flops:
     input:
@@ -37,24 +67,28 @@ rule compute_flops:
 
 rule make_table1:
     input:
-        expand("results/flops/{model}.json", model=FLOPS_TABLE1_MODELS),
+        raw="reports/raw/flops",
     output:
         csv=report("reports/table1.csv", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
         md=report("reports/table1.md", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
     log:
         "logs/make_table1/table1.log",
+    params:
+        sources=expand("results/flops/{model}.json", model=FLOPS_TABLE1_MODELS),
     script:
         "../scripts/make_table1.py"
 
 
 rule make_table_kv_memory:
     input:
-        expand("results/flops/{model}.json", model=FLOPS_KV_MODELS),
+        raw="reports/raw/flops",
     output:
         csv=report("reports/table_kv_memory.csv", caption="../report/table_kv_memory.rst", category="KV memory"),
         md=report("reports/table_kv_memory.md", caption="../report/table_kv_memory.rst", category="KV memory"),
     log:
         "logs/make_table_kv_memory/table_kv_memory.log",
+    params:
+        sources=expand("results/flops/{model}.json", model=FLOPS_KV_MODELS),
     script:
         "../scripts/make_table_kv_memory.py"
 
@@ -85,14 +119,16 @@ rule compute_simscore:
 
 rule plot_simscore:
     input:
-        csv=expand("results/simscore/{model}.csv", model=config["simscore"]["models"]),
-        meta=expand("results/simscore/{model}.json", model=config["simscore"]["models"]),
+        raw="reports/raw/simscore",
     output:
         figure=report("reports/figure2_simscore.png", caption="../report/figure2_simscore.rst", category="Figure 2"),
         crossings=report("reports/simscore_crossings.csv", caption="../report/simscore_crossings.rst",
                          category="Figure 2"),
     log:
         "logs/plot_simscore/figure2_simscore.log",
+    params:
+        csv=analysis_sources("simscore", "*.csv"),
+        meta=analysis_sources("simscore", "*.json"),
     script:
         "../scripts/plot_simscore.py"
 
@@ -120,10 +156,12 @@ rule bench_forward_time:
 
 rule plot_forward_time:
     input:
-        expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
+        raw="reports/raw/forward_time",
     output:
         report("reports/figure2_forward_time.png", caption="../report/figure2_forward_time.rst", category="Figure 2"),
     log:
         "logs/plot_forward_time/figure2_forward_time.log",
+    params:
+        sources=ANALYSIS_RAW["forward_time"],
     script:
         "../scripts/plot_forward_time.py"

@@ -92,18 +92,29 @@ rule collect_distill:
         "../scripts/collect_distill.py"
 
 
+CURVE_RUNS = {
+    "curve": "results/distill_curve/{model}/{variant}".format(**config["distill"]["curve"]),
+    "table": "results/checkpoints/{model}/{variant}".format(**config["distill"]["curve"]),
+}
+
+
+# The two runs' logs and summaries (never the weights), committed as reports/raw/distill_curve (analysis/raw.py).
+rule raw_distill_curve:
+    input:
+        **CURVE_RUNS,
+    output:
+        directory("reports/raw/distill_curve"),
+    log:
+        "logs/raw_distill_curve.log",
+    params:
+        config_hash=config_hash(),
+    script:
+        "../scripts/collect_raw.py"
+
+
 rule plot_distill_curve:
     input:
-        curve=expand(
-            "results/distill_curve/{model}/{variant}",
-            model=config["distill"]["curve"]["model"],
-            variant=config["distill"]["curve"]["variant"],
-        ),
-        table=expand(
-            "results/checkpoints/{model}/{variant}",
-            model=config["distill"]["curve"]["model"],
-            variant=config["distill"]["curve"]["variant"],
-        ),
+        raw="reports/raw/distill_curve",
     output:
         report(
             "reports/figure_distill_curve.png",
@@ -113,6 +124,7 @@ rule plot_distill_curve:
     log:
         "logs/plot_distill_curve/figure.log",
     params:
+        runs=CURVE_RUNS,
         table_tokens=config["distill"]["tokens"],
         label=config["distill"]["curve"]["label"],
     script:

@@ -69,7 +69,7 @@ rule render_report:
         **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
         registry="reports/claims.csv",
         captions=sorted({caption for _, _, caption in report_sections()}),  # read by the script: declared
-        prefill_time=expand("results/prefill_time/{model}.json", model=config["prefill_time"]["models"]),
+        forward_time="reports/raw/forward_time",
         serve=[serving_raw("throughput")] if serve_results("throughput") else [],
         latency=[serving_raw("latency")] if serve_results("latency") else [],
         vllm_env=[  # the vLLM CPU build's versions, for the provenance table (profiles that serve with it)
@@ -86,6 +86,7 @@ rule render_report:
         sections=report_sections(),
         profile=REPORT_PROFILE,
         ci=config["profile"] == "ci",
+        prefill_sources=ANALYSIS_RAW["forward_time"],
         serve_sources=serve_results("throughput"),
         latency_sources=serve_results("latency"),
         config_hash=config_hash(),

@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.io import read_prefill_time
+from analysis.raw import raw_path
 from analysis.report import Section, fill_caption, render_html
 from analysis.serving import load_raw
 from analysis.verdicts import claims
@@ -15,8 +16,10 @@ from swiftkv.io import write_text
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 inp, params = snakemake.input, snakemake.params  # noqa: F821
 paths = {name: inp[name] for name in inp.keys()  # noqa: SIM118 (snakemake's Namedlist)
-         if isinstance(inp[name], str) and name not in ("registry", "vllm_env", "captions", "serve", "latency")}
-prefill = read_prefill_time(inp.prefill_time) if inp.prefill_time else None
+         if isinstance(inp[name], str)
+         and name not in ("registry", "vllm_env", "captions", "serve", "latency", "forward_time")}
+prefill = read_prefill_time([raw_path(inp.forward_time, s) for s in params.prefill_sources]) \
+    if params.prefill_sources else None
 serve = load_raw(inp.serve[0], params.serve_sources) if params.serve_sources else None
 latency = load_raw(inp.latency[0], params.latency_sources) if params.latency_sources else None
 items = claims(paths, prefill, serve, latency)
