@@ -343,13 +343,17 @@ def nearest_group_size(later_layers: int, wanted: int) -> int:
 
 
 def settings_table(config, settings: list[dict], context_length: int) -> list[dict]:
-    """``flops_report`` for each setting ``{label, skip, group}``; the AcrossKV group snaps to a divisor of L - l."""
+    """``flops_report`` for each setting ``{label, skip, group}``; the AcrossKV group snaps to a divisor of L - l, and
+    an AcrossKV setting whose L - l has no divisor above 1 (DeepSeek-V2-Lite at 50 %: 13 later layers) is left out
+    rather than shown as a "1-way AcrossKV" copy of the SwiftKV row."""
     dims = config if isinstance(config, Dims) else model_dims(config)
     rows = []
     for s in settings:
         l = layers_for_skip(dims.num_layers, float(s.get("skip", 0.0)))
         wanted = int(s.get("group", 1))
         g = nearest_group_size(dims.num_layers - l, wanted)
+        if wanted > 1 and g == 1:
+            continue
         label = s["label"].replace(f"{wanted}-way", f"{g}-way") if g != wanted else s["label"]
         rows.append({"setting": label, "skip": float(s.get("skip", 0.0)),
                      **flops_report(dims, l, g, context_length)})

@@ -217,3 +217,16 @@ def test_deepseek_v2_lite_counts_latent_attention_and_the_active_experts():
     # a real forward: the last position runs the later layers' active experts too
     one = prefill_flops(dims, 1024, 14, 1)
     assert one["mlp"] > 1024 * half["mlp"] * 1e9
+
+
+def test_an_acrosskv_setting_without_a_group_is_left_out_of_table1():
+    """DeepSeek-V2-Lite at 50 %: l = 14, and the 13 later layers have no divisor above 1, so the 4-way AcrossKV row
+    would be a copy of the SwiftKV row; it is left out instead of being shown as "1-way AcrossKV"."""
+    import yaml
+
+    settings = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["flops"]["settings"]
+    dims = model_dims(ROOT / "config/models/deepseek-v2-lite-chat.json")
+    rows = settings_table(dims, settings, 1024)
+    assert [r["setting"] for r in rows] == ["Baseline", "25% SwiftKV", "50% SwiftKV"]
+    rows = settings_table(model_dims(ROOT / "config/models/llama-3.1-70b-instruct.json"), settings, 1024)
+    assert rows[-1]["setting"] == "50% SwiftKV + 4-way AcrossKV"
