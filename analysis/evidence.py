@@ -330,6 +330,9 @@ def _simscore_predicts_loss(reports: Path) -> Evidence:
                     "(train more cuts of the tables' recipe to decide)")
 
 
+MIN_LONG_CONTEXT_CONVERSATIONS = 10  # registry: long-context-loss-flat decides only with this many conversations
+
+
 def _long_context_flat(reports: Path) -> Evidence:
     """Per SwiftKV variant: minus the growth of its loss gap to the base from the shortest to the longest context
     (so that the margin rule reads "grows by at most the margin")."""
@@ -339,7 +342,11 @@ def _long_context_flat(reports: Path) -> Evidence:
         raise NoEvidence(path, f"no growth row in {path}")
     points = [Point(f"{r['model']} {r['variant']} ({int(r['from_context'])} -> {int(r['context'])} tokens)",
                     0.0 - num(r["estimate"]), 0.0 - num(r["hi"]), 0.0 - num(r["lo"])) for _, r in rows.iterrows()]
-    return Evidence(points, [path], powered=True)
+    fewest = int(rows.n.min())
+    enough = fewest >= MIN_LONG_CONTEXT_CONVERSATIONS
+    return Evidence(points, [path], powered=enough,
+                    short="" if enough else f"the context measure read {fewest} conversation(s), fewer than the "
+                    f"{MIN_LONG_CONTEXT_CONVERSATIONS} its rule needs (long_context.contexts: a shorter longest context)")
 
 
 MIN_FIDELITY_PROMPTS = 64  # registry: served-model-faithful reads 64 held-out prompts per configuration
