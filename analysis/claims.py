@@ -124,11 +124,25 @@ def _fmt(v: float) -> str:
     return "nan" if math.isnan(v) else f"{v:.4g}"
 
 
+def evidence_commit(path: str | Path, commits: dict[str, str], default: str) -> str:
+    """The commit that computed one evidence file: a raw folder's manifest names it (``collected_at``); otherwise
+    ``commits`` by file name (``seeds.csv``), else ``default``."""
+    import json
+
+    from analysis.raw import MANIFEST
+
+    path = Path(path)
+    if path.name == MANIFEST and path.is_file():
+        return str(json.loads(path.read_text()).get("collected_at") or default)
+    return commits.get(path.name, default)
+
+
 def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
              commits: dict[str, str] | None = None):
     """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
     its status (decided / provisional / awaiting). ``commit``: the commit that computed the evidence; ``commits``:
-    per evidence file name (``seeds.csv``), where files come from different runs. Returns a DataFrame in the
+    per evidence file name (``seeds.csv``), where files come from different runs; a raw folder's manifest names its
+    own (``evidence_commit``). Returns a DataFrame in the
     registry's order; ``evidence_commit`` lists one commit per evidence file."""
     import pandas as pd
 
@@ -184,7 +198,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "status": status,
             "why": why,
             "evidence": " ".join(ev.files + ([str(reports / "budget_scaling.csv")] if study else [])),
-            "evidence_commit": " ".join(commits.get(Path(f).name, commit) for f in ev.files
+            "evidence_commit": " ".join(evidence_commit(f, commits, commit) for f in ev.files
                                         + (["budget_scaling.csv"] if study else [])) or commit,
             "registered": claim.registered,
             "decided_by": claim.decided_by,

@@ -492,50 +492,10 @@ def serving_markdown(studies: dict[str, pd.DataFrame]) -> str:
     return "\n".join(out).lstrip("\n")
 
 
-README_BLOCK = ("<!-- serving summary: generated from reports/raw/serving by `python -m analysis.serving --readme "
-                "README.md`; do not edit -->", "<!-- end of the generated serving summary -->")
-
-
-def readme_with_summary(text: str, md: str) -> str:
-    """``text`` (the README) with the block between ``README_BLOCK``'s markers replaced by ``md``."""
-    start, end = README_BLOCK
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"the README must hold the serving summary's markers once each, in order: {start} … {end}")
-    head, rest = text.split(start)
-    return f"{head}{start}\n{md}\n{end}{rest.split(end, 1)[1]}"
-
-
 def committed_summary(reports: str | Path = "reports") -> str:
-    """``serving_markdown`` of the four committed raw serving folders under ``reports``."""
+    """``serving_markdown`` of the four committed raw serving folders under ``reports`` (the README's serving block,
+    ``analysis.readme``)."""
     from analysis.raw import serving_raw
 
     return serving_markdown({s: load_study(serving_raw(s, reports))
                              for s in ("throughput", "kv-limit", "sharegpt", "latency")})
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="python -m analysis.serving",
-                                     description="Print the serving summary (every study's ratios to base with their "
-                                                 "intervals and the base-vs-base noise) from reports/raw/serving, or "
-                                                 "write it into the README between its markers.")
-    parser.add_argument("--readme", metavar="FILE", help="rewrite FILE's generated serving block in place")
-    args = parser.parse_args(argv)
-    md = committed_summary()
-    if not args.readme:
-        print(md)
-        return 0
-    path = Path(args.readme)
-    try:
-        new = readme_with_summary(path.read_text(), md)
-    except (OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    path.write_text(new)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -238,6 +238,7 @@ def test_prefill_time_is_judged_on_every_long_prompt_against_the_flops_predictio
     # 1.8x measured against 1 / 0.52 = 1.92x predicted: 0.94 of the prediction on both long prompts; 512 is no point
     assert (row.status, row.verdict, row.n_points) == (DECIDED, HOLDS, 2)
     assert row.estimate == pytest.approx(1.8 * 0.52, abs=0.02) and "m 1024 tokens" in row.points
+    assert row.evidence_commit == "abc"  # the raw folder's manifest names the commit that collected it
     row = evaluate(_forward_time_raw(tmp_path / "slow", monkeypatch, 5, 1.4)).set_index("id").loc["prefill-time-halved"]
     assert row.verdict == FAILS  # 0.73 of the prediction
     row = evaluate(_forward_time_raw(tmp_path / "few", monkeypatch, 3, 1.8)).set_index("id").loc["prefill-time-halved"]

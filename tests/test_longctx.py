@@ -85,3 +85,27 @@ def test_table_markdown_and_claim(tmp_path):
     few.to_csv(tmp_path / "table_long_context.csv", index=False)
     row = evaluate(tmp_path, commit="x").set_index("id").loc["long-context-loss-flat"]
     assert row.status == "provisional" and "read 1 conversation(s)" in row.why
+
+
+def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_it():
+    from pathlib import Path
+
+    import pandas as pd
+    import yaml
+
+    from analysis.io import read_json
+    from analysis.longctx import long_context_markdown, long_context_table
+    from analysis.raw import raw_path, verify
+    from analysis.stats import BootstrapSettings
+
+    root = Path(__file__).resolve().parents[1]
+    raw, profile = root / "reports" / "raw" / "long_context", yaml.safe_load((root / "config" / "config.yaml").read_text())
+    assert verify(raw) == []
+    cfg, boot = profile["long_context"], profile["eval"]["bootstrap"]
+    committed = pd.read_csv(root / "reports" / "table_long_context.csv")
+    results = {v: read_json(raw_path(raw, f"results/long_context/{m}/{v}.json"))
+               for m in cfg["models"] for v in cfg["variants"]}
+    table = long_context_table(results, dict(zip(committed.variant, committed.label)),
+                               settings=BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
+    assert table.to_csv(index=False, float_format="%.4f") == (root / "reports" / "table_long_context.csv").read_text()
+    assert long_context_markdown(committed) in (root / "README.md").read_text()  # generated, not typed

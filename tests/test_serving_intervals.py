@@ -4,7 +4,6 @@ requests, each beside the noise floor measured by the reference's second copy.""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -187,17 +186,3 @@ def test_the_readme_serving_summary_is_generated_from_the_raw_folders(tmp_path, 
     assert cells[2] == "50" and cells[3].startswith("0.5") and cells[6] == "0.50 [0.50, 0.50]"
     assert "kv-limit" not in md and sum(x.startswith("| throughput |") for x in lines) == 3
 
-
-def test_the_readme_quotes_the_serving_summary_of_the_committed_raw_folders():
-    from analysis.serving import README_BLOCK, committed_summary, readme_with_summary
-
-    root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    expected = readme_with_summary(readme, committed_summary(root / "reports"))
-    assert readme == expected, "README's serving summary is stale: run python -m analysis.serving --readme README.md"
-    with pytest.raises(ValueError, match="markers once each"):
-        readme_with_summary("no markers here", "x")
-    with pytest.raises(ValueError, match="markers once each"):
-        readme_with_summary(f"{README_BLOCK[1]} {README_BLOCK[0]}", "x")
-    assert readme_with_summary(f"a {README_BLOCK[0]}old{README_BLOCK[1]} b", "new") == (
-        f"a {README_BLOCK[0]}\nnew\n{README_BLOCK[1]} b")

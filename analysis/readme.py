@@ -1,0 +1,146 @@
+"""The README's measured numbers, generated from the committed results instead of typed.
+
+Each block sits between two markers in README.md::
+
+    <!-- generated: NAME (python -m analysis.readme README.md); do not edit -->
+    ...
+    <!-- end: NAME -->
+
+``python -m analysis.readme README.md`` rewrites every block from ``reports/`` (``--check``: only say which blocks are
+stale); tests/test_readme_blocks.py fails when a block differs from what the committed files give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return (f"<!-- generated: {name} (python -m analysis.readme README.md); do not edit -->", f"<!-- end: {name} -->")
+
+
+def replace_block(text: str, name: str, md: str) -> str:
+    """``text`` with block ``name``'s contents replaced by ``md`` (ValueError: its markers are not there once each,
+    in order)."""
+    start, end = _markers(name)
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"the README must hold block {name!r}'s markers once each, in order: {start} … {end}")
+    head, rest = text.split(start)
+    return f"{head}{start}\n{md}\n{end}{rest.split(end, 1)[1]}"
+
+
+def forward_time_markdown(df: pd.DataFrame) -> str:
+    """Per model and prompt length: base's median prefill time and, per SwiftKV cut, its median time, the measured
+    speedup (the median over repeats of the same repeat's base / SwiftKV ratio) and the FLOPs-predicted one.
+    ``df``: ``analysis.io.read_prefill_time`` rows with the ``paired_speedup_median`` of the benchmark JSON."""
+    cuts = sorted({(int(r.num_key_value_layers), int(r.num_hidden_layers)) for r in df.itertuples()
+                   if r.variant != "base"}, reverse=True)
+    head = "| model | prompt tokens | base | " + " | ".join(f"l = {l} of {L}" for l, L in cuts) + " |"
+    lines = [head, "|---|---:|---:|" + "---:|" * len(cuts)]
+    for (model, tokens), g in df.groupby(["model", "prefill_tokens"], sort=False):
+        by = {int(r.num_key_value_layers): r for r in g.itertuples()}
+        base = g[g.variant == "base"].iloc[0]
+        cells = []
+        for l, _ in cuts:
+            r = by.get(l)
+            cells.append("–" if r is None else f"{r.median_s:.3g} s, {r.paired_speedup_median:.2f}x "
+                         f"(FLOPs {1 / r.predicted_ratio:.2f}x)")
+        lines.append(f"| {model} | {int(tokens)} | {base.median_s:.3g} s | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def simscore_markdown(crossings: pd.DataFrame) -> str:
+    """Per model: the first layer from which each SimScore metric stays >= 0.5 (0-based, as the figure's x axis;
+    the paper counts from 1) and its value at half depth with the 95% interval."""
+    metrics = list(dict.fromkeys(crossings.metric))
+    lines = ["| model | layers | " + " | ".join(f"{m}: stays >= 0.5 from layer | {m} at L/2" for m in metrics) + " |",
+             "|---|---:|" + "---:|---:|" * len(metrics)]
+    for model, g in crossings.groupby("model", sort=False):
+        by = g.set_index("metric")
+        cells = []
+        for m in metrics:
+            r = by.loc[m]
+            first = "never" if pd.isna(r.crossing_layer) else f"{int(r.crossing_layer)}"
+            cells += [first, f"{r.simscore_at_half:.3f} [{r.ci_low_at_half:.3f}, {r.ci_high_at_half:.3f}]"]
+        lines.append(f"| {model} | {int(g.num_layers.iloc[0])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _forward_time(reports: Path) -> str:
+    from analysis.io import read_json, read_prefill_time
+    from analysis.raw import MANIFEST, raw_path
+
+    root = reports / "raw" / "forward_time"
+    sources = [meta["source"] for meta in json.loads((root / MANIFEST).read_text())["files"].values()]
+    df = read_prefill_time([raw_path(root, s) for s in sources])
+    paired = {(read_json(raw_path(root, s)).get("model", Path(s).stem), r["variant"], r["prefill_tokens"]):
+              r["paired_speedup_median"] for s in sources for r in read_json(raw_path(root, s))["results"]}
+    df["paired_speedup_median"] = [paired[(m, v, t)] for m, v, t in zip(df.model, df.variant, df.prefill_tokens)]
+    return forward_time_markdown(df)
+
+
+def _serving(reports: Path) -> str:
+    from analysis.serving import committed_summary
+
+    return committed_summary(reports)
+
+
+def _long_context(reports: Path) -> str:
+    from analysis.longctx import long_context_markdown
+
+    return long_context_markdown(pd.read_csv(reports / "table_long_context.csv"))
+
+
+def _simscore(reports: Path) -> str:
+    return simscore_markdown(pd.read_csv(reports / "simscore_crossings.csv"))
+
+
+# block name -> its markdown from a reports directory
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "simscore": _simscore,
+    "forward-time": _forward_time,
+    "serving": _serving,
+    "long-context": _long_context,
+}
+
+
+def regenerate(text: str, reports: str | Path = "reports") -> str:
+    """``text`` (the README) with every block regenerated from ``reports``."""
+    for name, make in BLOCKS.items():
+        text = replace_block(text, name, make(Path(reports)))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.readme",
+                                     description="Regenerate the README's measured-number blocks (" +
+                                     ", ".join(BLOCKS) + ") from the committed reports/ and its raw folders.")
+    parser.add_argument("readme", help="the README to rewrite in place (between its block markers only)")
+    parser.add_argument("--reports", default="reports", help="the reports directory to read (default: reports)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is stale")
+    args = parser.parse_args(argv)
+    path = Path(args.readme)
+    try:
+        text = path.read_text()
+        new = regenerate(text, args.reports)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(f"{path}: generated blocks are stale; run python -m analysis.readme {path}", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        path.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
