@@ -72,6 +72,29 @@ def simscore_markdown(crossings: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def distill_curve_markdown(runs: dict[str, pd.DataFrame]) -> str:
+    """Per run (label -> ``analysis.distill.read_train_log``): held-out KL and top-1 agreement at its first, middle
+    and last evaluation, with the tokens trained by then."""
+    lines = ["| run | tokens | held-out KL | top-1 agreement |", "|---|---:|---:|---:|"]
+    for label, log in runs.items():
+        ev = log[log.event == "eval"].reset_index(drop=True)
+        for i in dict.fromkeys([0, len(ev) // 2, len(ev) - 1]):
+            r = ev.iloc[i]
+            lines.append(f"| {label} | {int(r.tokens):,} | {r.heldout_kl:.3f} | {r.heldout_top1:.3f} |")
+    return "\n".join(lines)
+
+
+def _distill_curve(reports: Path) -> str:
+    from analysis.distill import read_train_log
+    from analysis.raw import MANIFEST, raw_path
+
+    root = reports / "raw" / "distill_curve"
+    runs = sorted({str(Path(m["source"]).parent) for m in json.loads((root / MANIFEST).read_text())["files"].values()})
+    # the curve run (frequent evaluations, the longer budget) and the table's run of the same variant
+    return distill_curve_markdown({("curve run" if "distill_curve" in run else "table run") + f" ({Path(run).name})":
+                                   read_train_log(raw_path(root, run)) for run in runs})
+
+
 def _forward_time(reports: Path) -> str:
     from analysis.io import read_json, read_prefill_time
     from analysis.raw import MANIFEST, raw_path
@@ -107,6 +130,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "forward-time": _forward_time,
     "serving": _serving,
     "long-context": _long_context,
+    "distill-curve": _distill_curve,
 }
 
 
