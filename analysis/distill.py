@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.io import save_figure
+from analysis.io import read_text, save_figure
 
 LOG_FILE = "train_log.jsonl"
 SUMMARY_FILE = "distill.json"
@@ -15,13 +15,7 @@ SUMMARY_FILE = "distill.json"
 
 def read_train_log(run_dir: str | Path) -> pd.DataFrame:
     """One row per logged event (``event`` = train | eval) of a run directory's ``train_log.jsonl``."""
-    path = Path(run_dir) / LOG_FILE
-    if not path.exists() and path.with_name(path.name + ".gz").is_file():  # a raw folder's compressed copy
-        import gzip
-
-        lines = gzip.decompress(path.with_name(path.name + ".gz").read_bytes()).decode().splitlines()
-    else:
-        lines = path.read_text().splitlines()
+    lines = read_text(Path(run_dir) / LOG_FILE).splitlines()  # or a raw folder's compressed copy
     return pd.DataFrame([json.loads(x) for x in lines if x.strip()])
 
 

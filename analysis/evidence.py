@@ -378,6 +378,7 @@ def _prefill_time_halved(reports: Path) -> Evidence:
     from analysis.io import read_json
     from analysis.raw import MANIFEST, raw_path
     from analysis.stats import median_ci
+    from swiftkv.flops import layers_for_skip
 
     root = reports / "raw" / "forward_time"
     if not (root / MANIFEST).is_file():
@@ -386,7 +387,7 @@ def _prefill_time_halved(reports: Path) -> Evidence:
     for meta in json.loads((root / MANIFEST).read_text())["files"].values():
         data = read_json(raw_path(root, meta["source"]))
         L = data["num_hidden_layers"]
-        half = f"swiftkv-l{max(1, min(L, round(L * 0.5)))}"  # swiftkv.bench.speed.kept_layers(L, 0.5)
+        half = f"swiftkv-l{layers_for_skip(L, 0.5)}"  # the benchmark's 50% row (swiftkv.bench.speed.kept_layers)
         rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
         for (variant, tokens), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
             base = rows.get(("base", tokens))

@@ -14,10 +14,22 @@ import pandas as pd
 
 from swiftkv.io import atomic_path
 
+def read_text(path: str | os.PathLike) -> str:
+    """A text file, or its gzip-compressed copy ``<path>.gz`` where only that exists (a raw folder stores large
+    results compressed, ``analysis.raw``)."""
+    path = Path(path)
+    if not path.exists() and Path(f"{path}.gz").is_file():
+        import gzip
+
+        return gzip.decompress(Path(f"{path}.gz").read_bytes()).decode()
+    return path.read_text()
+
+
 def read_simscore(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     """SimScore CSVs (one per model: model, metric, layer, num_layers, depth, simscore, ci_low, ci_high)."""
-    return pd.concat([pd.read_csv(p if Path(p).exists() or not Path(f"{p}.gz").is_file() else f"{p}.gz")
-                      for p in paths], ignore_index=True)
+    from io import StringIO
+
+    return pd.concat([pd.read_csv(StringIO(read_text(p))) for p in paths], ignore_index=True)
 
 
 def read_metadata(paths: Iterable[str | os.PathLike]) -> dict[str, dict]:
@@ -71,16 +83,8 @@ def save_figure(fig, path: str | os.PathLike, dpi: int | None = 150, **kwargs) -
 
 
 def read_json(path: str | Path) -> dict:
-    """A JSON file, or its gzip-compressed copy ``<path>.gz`` where only that exists (large raw results,
-    ``analysis.raw``)."""
-    path = Path(path)
-    if not path.exists() and Path(f"{path}.gz").is_file():
-        import gzip
-
-        with gzip.open(f"{path}.gz", "rt") as f:
-            return json.load(f)
-    with open(path) as f:
-        return json.load(f)
+    """A JSON file, or its gzip-compressed copy ``<path>.gz`` where only that exists (``read_text``)."""
+    return json.loads(read_text(path))
 
 
 def split_metric(key: str) -> tuple[str, str]:

@@ -38,7 +38,7 @@ def replace_block(text: str, name: str, md: str) -> str:
 def forward_time_markdown(df: pd.DataFrame) -> str:
     """Per model and prompt length: base's median prefill time and, per SwiftKV cut, its median time, the measured
     speedup (the median over repeats of the same repeat's base / SwiftKV ratio) and the FLOPs-predicted one.
-    ``df``: ``analysis.io.read_prefill_time`` rows with the ``paired_speedup_median`` of the benchmark JSON."""
+    ``df``: ``analysis.io.read_prefill_time`` rows (with the benchmark's ``paired_speedup_median``)."""
     cuts = sorted({(int(r.num_key_value_layers), int(r.num_hidden_layers)) for r in df.itertuples()
                    if r.variant != "base"}, reverse=True)
     head = "| model | prompt tokens | base | " + " | ".join(f"l = {l} of {L}" for l, L in cuts) + " |"
@@ -96,16 +96,12 @@ def _distill_curve(reports: Path) -> str:
 
 
 def _forward_time(reports: Path) -> str:
-    from analysis.io import read_json, read_prefill_time
+    from analysis.io import read_prefill_time
     from analysis.raw import MANIFEST, raw_path
 
     root = reports / "raw" / "forward_time"
     sources = [meta["source"] for meta in json.loads((root / MANIFEST).read_text())["files"].values()]
-    df = read_prefill_time([raw_path(root, s) for s in sources])
-    paired = {(read_json(raw_path(root, s)).get("model", Path(s).stem), r["variant"], r["prefill_tokens"]):
-              r["paired_speedup_median"] for s in sources for r in read_json(raw_path(root, s))["results"]}
-    df["paired_speedup_median"] = [paired[(m, v, t)] for m, v, t in zip(df.model, df.variant, df.prefill_tokens)]
-    return forward_time_markdown(df)
+    return forward_time_markdown(read_prefill_time([raw_path(root, s) for s in sources]))
 
 
 def _serving(reports: Path) -> str:

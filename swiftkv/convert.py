@@ -123,8 +123,7 @@ def expand_acrosskv(model):
     from swiftkv.models.common import group_leader
 
     cfg = model.config
-    if cfg.model_type not in SWIFTKV_MODEL_TYPES:
-        raise SwiftKVError(f"{cfg.model_type!r} is not a SwiftKV checkpoint; convert (and distil) a base model first")
+    _require_swiftkv(cfg.model_type)
     if getattr(cfg, "swiftkv_key_value_heads", None):
         raise SwiftKVError("an MQA-style student (swiftkv_key_value_heads) has no form with one K/V per layer here; "
                            "serve it with transformers")
@@ -153,10 +152,14 @@ def expand_acrosskv(model):
     return out.eval()
 
 
+def _require_swiftkv(kind: str) -> None:
+    if kind not in SWIFTKV_MODEL_TYPES:
+        raise SwiftKVError(f"{kind!r} is not a SwiftKV checkpoint; convert (and distil) a base model first")
+
+
 def check_arctic_inference_type(kind: str) -> None:
     """Refuse, in one line, a checkpoint type that Snowflake's vLLM plugin cannot serve."""
-    if not kind.endswith("_swiftkv"):
-        raise SwiftKVError(f"{kind!r} is not a SwiftKV checkpoint; convert (and distil) a base model first")
+    _require_swiftkv(kind)
     if kind not in ARCTIC_INFERENCE_TYPES:
         raise SwiftKVError(f"arctic-inference serves {', '.join(ARCTIC_INFERENCE_TYPES)} checkpoints only, not {kind}; "
                            "serve this one with our vLLM plugin (swiftkv.vllm_plugin) or transformers")

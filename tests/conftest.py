@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (
@@ -18,6 +20,19 @@ from transformers import (
 )
 
 import swiftkv  # noqa: F401  (registers the SwiftKV model types)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def committed_raw(study: str) -> tuple[Path, dict]:
+    """A committed raw folder of the default profile, checked intact against its manifest, and that profile."""
+    import yaml
+
+    from analysis.raw import verify
+
+    raw = REPO / "reports" / "raw" / study
+    assert verify(raw) == []
+    return raw, yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 TINY = dict(
     vocab_size=101,

@@ -191,15 +191,14 @@ def test_committed_advisor_tables_regenerate_from_their_raw_results_and_the_read
     from pathlib import Path
 
     import pandas as pd
-    import yaml
 
     from analysis.advisor import advisor_markdown, advisor_tables
     from analysis.io import read_json
-    from analysis.raw import raw_path, verify
+    from analysis.raw import raw_path
+    from tests.conftest import committed_raw
 
     root = Path(__file__).resolve().parents[1]
-    raw, profile = root / "reports" / "raw" / "advisor", yaml.safe_load((root / "config" / "config.yaml").read_text())
-    assert verify(raw) == []
+    raw, profile = committed_raw("advisor")
     sheet = pd.read_csv(root / "config" / "variants.tsv", sep="\t", keep_default_na=False)
     rows = [{**r, "kv_heads": r["kv_heads"] or None} for r in sheet.to_dict("records")]
     results = [read_json(raw_path(raw, f"results/advise/{m}.json")) for m in profile["advise"]["models"]]

@@ -91,16 +91,15 @@ def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_
     from pathlib import Path
 
     import pandas as pd
-    import yaml
 
     from analysis.io import read_json
     from analysis.longctx import long_context_markdown, long_context_table
-    from analysis.raw import raw_path, verify
+    from analysis.raw import raw_path
     from analysis.stats import BootstrapSettings
+    from tests.conftest import committed_raw
 
     root = Path(__file__).resolve().parents[1]
-    raw, profile = root / "reports" / "raw" / "long_context", yaml.safe_load((root / "config" / "config.yaml").read_text())
-    assert verify(raw) == []
+    raw, profile = committed_raw("long_context")
     cfg, boot = profile["long_context"], profile["eval"]["bootstrap"]
     committed = pd.read_csv(root / "reports" / "table_long_context.csv")
     results = {v: read_json(raw_path(raw, f"results/long_context/{m}/{v}.json"))

@@ -50,15 +50,14 @@ def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_
     from pathlib import Path
 
     import pandas as pd
-    import yaml
 
     from analysis.io import read_json
-    from analysis.raw import raw_path, verify
+    from analysis.raw import raw_path
     from analysis.serving import serving_fidelity_markdown, serving_fidelity_table
+    from tests.conftest import committed_raw
 
     root = Path(__file__).resolve().parents[1]
-    raw, profile = root / "reports" / "raw" / "served_fidelity", yaml.safe_load((root / "config" / "config.yaml").read_text())
-    assert verify(raw) == []
+    raw, profile = committed_raw("served_fidelity")
     table = serving_fidelity_table([read_json(raw_path(raw, f"results/served_fidelity/{m}.json"))
                                     for m in profile["served_fidelity"]["models"]])
     assert table.to_csv(index=False, float_format="%.6g") == (root / "reports" / "table_serving_fidelity.csv").read_text()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from swiftkv.cli.options import add_model_args, as_teacher, non_empty, positive_int, resolve_device, resolve_dtype
 from swiftkv.errors import SwiftKVError
@@ -30,11 +29,11 @@ def cmd_convert(args) -> None:
 
 def cmd_export(args) -> None:
     from swiftkv.convert import check_arctic_inference_type, export_arctic_inference
-    from swiftkv.flops import load_config
-    from swiftkv.loading import load_model
+    from swiftkv.loading import load_model, local_config
 
-    if Path(args.model).is_dir():  # refuse before loading any weights
-        check_arctic_inference_type(load_config(args.model).model_type)
+    config = local_config(args.model, args.resources)  # refuse before loading any weights (a hub id: once loaded)
+    if config is not None:
+        check_arctic_inference_type(config.get("model_type", ""))
 
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
     note = export_arctic_inference(model, tokenizer, args.output, overwrite=args.overwrite)

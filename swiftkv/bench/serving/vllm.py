@@ -122,7 +122,7 @@ class VllmEngine:
         unserved = unserved_message(config.to_dict()) if config is not None and not spec.is_swiftkv else None
         if unserved:
             raise SwiftKVError(unserved)
-        if spec.is_swiftkv or set(getattr(self.config_of(spec), "architectures", None) or []) & set(ARCHITECTURES):
+        if spec.is_swiftkv or set(getattr(config, "architectures", None) or []) & set(ARCHITECTURES):
             return PLUGIN_NAME
         return ""
 
