@@ -5,8 +5,9 @@ examples, see ``analysis.stats``):
 
 - one score per reported task (percent) and their unweighted ``average``;
 - ``delta_base``: average minus the base model's, paired on the same examples (``_sig``: the interval excludes 0);
-- ``delta_ref``: the same against the table's reference row (Table 4a/4b: the KL-distilled partial 50% row;
-  Table B.1: the same variant with the native cache; Table B.2: the AcrossKV row);
+- ``delta_ref``: the same against the table's reference row (Table 2: SwiftKV 50%, for every other student — the
+  rows the cliff and AcrossKV claims compare with it; Table 4a/4b: the KL-distilled partial 50% row; Table B.1: the
+  same variant with the native cache; Table B.2: the AcrossKV row);
 - ``delta_base_mdd``: the minimum detectable difference of ``delta_base`` (two-sided 5% test, 80% power), from the
   interval's half-width read as 1.96 standard errors (normal approximation): what this many examples can resolve;
 - ``bpb``: held-out ShareGPT bits per byte (the rolling log-likelihood of each document over its UTF-8 bytes, in
@@ -74,14 +75,25 @@ def _group_size(row: Row) -> int:
     return int(row.spec.get("key_value_group_size") or 1)
 
 
+def _is_kl_partial(r: Row) -> bool:
+    """The paper's recipe: KL-distilled, only Q/K/V trained, one K/V per layer, native KV cache."""
+    return (r.spec.get("loss") == "kl" and r.spec.get("scope") == "partial" and _group_size(r) == 1
+            and not r.spec.get("kv_heads") and r.kv_cache == "native")
+
+
+def _is_swiftkv_50(r: Row) -> bool:
+    return _is_kl_partial(r) and float(r.spec.get("skip_fraction") or 0) == 0.5
+
+
 def reference_of(table: str, row: Row, rows: list[Row]) -> Row | None:
     """The row a table compares ``row`` with (besides the base model)."""
     same = [r for r in rows if r.model == row.model]
-    if table == "tableB1":
+    if table == "table2":
+        found = [] if row.variant == "base" else [r for r in same if _is_swiftkv_50(r)]
+    elif table == "tableB1":
         found = [r for r in same if r.variant == row.variant and r.kv_cache == "native"]
     elif table in ("table4a", "table4b"):
-        found = [r for r in same if r.spec.get("loss") == "kl" and r.spec.get("scope") == "partial"
-                 and _group_size(r) == 1 and not r.spec.get("kv_heads") and r.kv_cache == "native"]
+        found = [r for r in same if _is_kl_partial(r)]
     elif table == "tableB2":
         found = [r for r in same if _group_size(r) != 1 and r.kv_cache == "native"]
     else:
@@ -250,6 +262,10 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
         pd_ = _value(r, "paper_delta_base")
         cells.append(_fmt(pd_, digits=2) + (f" ({r['paper_row']})" if _value(r, "paper_row") else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    if "skip_fraction" in df and (df.skip_fraction > 0).any():
+        lines += ["", "One training run per distilled row (the profile's seed): the intervals are over examples only. "
+                  "The seeds study (reports/seeds.csv, and the claims) pools several seeds per row where it has them; "
+                  "the seed means can differ from these single runs by more than their intervals suggest."]
     lines += ["", "Scores in percent with 95% bootstrap intervals over examples; * = the paired difference against "
               "the base model (same examples) has a 95% interval that excludes 0 (Δ vs ref: against the row named). "
               "Paper columns: the paper's average for the corresponding row (its own tasks and models; see "
@@ -276,14 +292,26 @@ def to_markdown(df: pd.DataFrame, tasks: list[str], caption: str, task_notes: li
     return "\n".join(lines) + "\n"
 
 
-def summary_markdown(df: pd.DataFrame) -> str:
-    """The README's short form of an accuracy table (one row per table row: average, Δ vs base, KL to the teacher,
-    each with its 95% interval), generated from the table's CSV so that the README never carries typed numbers."""
-    lines = ["| row | average accuracy (%) | Δ vs base (paired) | KL to the teacher (nats/token) |",
-             "|---|---|---|---|"]
+def summary_markdown(df: pd.DataFrame, seeds: pd.DataFrame | None = None) -> str:
+    """The short form of an accuracy table (one row per table row: average, Δ vs base, KL to the teacher, each with
+    its 95% interval), generated from the table's CSV so that no page carries typed numbers. ``seeds``
+    (reports/seeds.csv): beside each single run, the seeds study's mean Δ vs base where it has the row."""
+    pooled = {} if seeds is None else {(r["model"], r["variant"]): r for r in
+                                       seeds[seeds.seed.astype(str) == "all"].to_dict("records")}
+    cols = ["row", "average accuracy (%)", "Δ vs base (paired), one run", "KL to the teacher (nats/token)"]
+    cols += ["Δ vs base, mean over seeds (seeds)"] if pooled else []
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df.to_dict("records"):
-        kl = _cell(r, "kl", 2) if r.get("variant") != "base" else ""
-        lines.append(f"| {r['model']}: {r['label']} | {_cell(r, 'average')} | {_cell(r, 'delta_base')} | {kl} |")
+        cells = [f"{r['model']}: {r['label']}", _cell(r, "average"), _cell(r, "delta_base"),
+                 _cell(r, "kl", 2) if r.get("variant") != "base" else ""]
+        if pooled:
+            p = pooled.get((r["model"], r["variant"]))
+            if p is None:
+                cells.append("")
+            else:
+                n = "untrained" if p["seeds"] == "untrained" else f"{int(p['n_seeds'])} seeds"
+                cells.append(f"{_cell(p, 'delta_base')} ({n})")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

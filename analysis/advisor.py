@@ -54,17 +54,25 @@ def advisor_tables(results: list[dict], table2: pd.DataFrame, rows: list[dict],
                               "trained_kl_lo": math.nan if t is None else t.kl_lo,
                               "trained_kl_hi": math.nan if t is None else t.kl_hi,
                               "recommended": r["candidate"] == advice["recommended"]})
-        distinct_l = len({p["num_key_value_layers"] for p in cal.points})
         for predictor in ("untrained_kl", "simscore"):
             rho, lo, hi = cal.rho.get(predictor, (math.nan,) * 3)
             cal_rows.append({"model": model, "predictor": predictor, "trained_points": cal.n,
-                             "distinct_l": distinct_l, "spearman": rho, "spearman_lo": lo, "spearman_hi": hi,
+                             "distinct_l": cal.distinct_l, "spearman": rho, "spearman_lo": lo, "spearman_hi": hi,
                              "slope": cal.slope if predictor == "untrained_kl" else math.nan,
                              "intercept": cal.intercept if predictor == "untrained_kl" else math.nan,
                              "residual_sd": cal.residual_sd if predictor == "untrained_kl" else math.nan,
                              "tolerance": tolerance, "recommended": advice["recommended"] or "",
                              "trust": advice["trust"]})
     return pd.DataFrame(cand_rows), pd.DataFrame(cal_rows)
+
+
+def _sign(rho: float) -> str:
+    """What the SimScore correlation's sign says against the paper's argument (a lower SimScore, a larger loss:
+    negative)."""
+    if pd.isna(rho) or rho == 0:
+        return ""
+    return (" (negative, as the paper's argument predicts)" if rho < 0
+            else " (positive, where the paper's argument — a lower SimScore, a larger loss — predicts negative)")
 
 
 def advisor_figure(candidates: pd.DataFrame, calibration: pd.DataFrame):
@@ -161,6 +169,7 @@ def advisor_markdown(candidates: pd.DataFrame, calibration: pd.DataFrame) -> str
         out.append(f"**{model}**\n\n" + "\n".join(lines) + "\n\n"
                    f"Calibration on {int(u.trained_points)} trained rows ({int(u.distinct_l)} distinct l): Spearman "
                    f"(untrained KL, trained KL) {u.spearman:.2f} [{u.spearman_lo:.2f}, {u.spearman_hi:.2f}]; "
-                   f"Spearman (SimScore, trained KL) {s.spearman:.2f} [{s.spearman_lo:.2f}, {s.spearman_hi:.2f}]. "
+                   f"Spearman (SimScore, trained KL) {s.spearman:.2f} [{s.spearman_lo:.2f}, {s.spearman_hi:.2f}]"
+                   f"{_sign(s.spearman)}. "
                    f"Advice at a tolerance of {u.tolerance:g} nats/token: {pick}; {u.trust}.")
     return "\n\n".join(out)

@@ -14,14 +14,32 @@ from pathlib import Path
 import yaml
 
 from analysis.evidence import EVALUATORS, Evidence, NoEvidence
-from analysis.rules import FAILS, HOLDS, KINDS, Rule, decide, deciding_point, point_verdict, rule_text
+from analysis.rules import FAILS, HOLDS, KINDS, Point, Rule, decide, deciding_point, point_verdict, rule_text
 
 REGISTRY = Path(__file__).parent / "claims.yaml"
-REQUIRED = ("id", "statement", "paper", "artefact", "estimator", "rule", "over", "registered", "decided_by")
+REQUIRED = ("id", "statement", "paper", "artefact", "estimator", "rule", "over", "registered", "registered_commit",
+            "data_seen", "points", "decided_by")
+AMENDMENT_FIELDS = ("date", "commit", "what", "why", "outcome_visible")
 
 
 class RegistryError(ValueError):
     """The registry file is malformed (one line: which claim, what is wrong)."""
+
+
+@dataclass(frozen=True)
+class Amendment:
+    """A change to a registered claim after it was written: when, in which commit, what and why, and whether the
+    outcome it could change was visible then (``yes``, ``no`` or ``partly``, each with its reason)."""
+
+    date: str
+    commit: str
+    what: str
+    why: str
+    outcome_visible: str
+
+    @property
+    def visible(self) -> bool:
+        return not self.outcome_visible.startswith("no")
 
 
 @dataclass(frozen=True)
@@ -34,9 +52,35 @@ class RegisteredClaim:
     rule: Rule
     over: str
     registered: str
+    registered_commit: str
+    data_seen: str
+    points: tuple[str, ...]
     decided_by: str
+    amendments: tuple[Amendment, ...] = ()
     noise: str | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def written_before_data(self) -> bool:
+        """Whether nothing this claim is judged on had been measured when its rule was written."""
+        return self.data_seen.startswith("none")
+
+
+def _amendments(path, cid: str, entries) -> tuple[Amendment, ...]:
+    if entries is None:
+        return ()
+    if not isinstance(entries, list) or not all(isinstance(a, dict) for a in entries):
+        raise RegistryError(f"{path}: claim {cid}: amendments must be a list of mappings")
+    out = []
+    for a in entries:
+        missing = [k for k in AMENDMENT_FIELDS if not str(a.get(k, "")).strip()]
+        if missing or set(a) - set(AMENDMENT_FIELDS):
+            raise RegistryError(f"{path}: claim {cid}: an amendment needs exactly {', '.join(AMENDMENT_FIELDS)}"
+                                + (f" (lacks {', '.join(missing)})" if missing else ""))
+        if not str(a["outcome_visible"]).startswith(("yes", "no", "partly")):
+            raise RegistryError(f"{path}: claim {cid}: outcome_visible must start with yes, no or partly")
+        out.append(Amendment(**{k: str(a[k]) for k in AMENDMENT_FIELDS}))
+    return tuple(sorted(out, key=lambda a: a.date))
 
 
 def load_registry(path: str | Path = REGISTRY) -> list[RegisteredClaim]:
@@ -61,10 +105,16 @@ def load_registry(path: str | Path = REGISTRY) -> list[RegisteredClaim]:
             raise RegistryError(f"{path}: claim {cid}: unknown rule field(s) {', '.join(sorted(unknown))}")
         if rule.get("direction", "above") not in ("above", "below"):
             raise RegistryError(f"{path}: claim {cid}: direction must be 'above' or 'below'")
-        known = {k: entry[k] for k in RegisteredClaim.__dataclass_fields__ if k in entry and k not in ("rule", "extra")}
+        points = entry["points"]
+        if not isinstance(points, list) or not points or not all(isinstance(p, str) and p for p in points):
+            raise RegistryError(f"{path}: claim {cid}: points must be a non-empty list of point names")
+        special = ("rule", "extra", "points", "amendments")
+        known = {k: entry[k] for k in RegisteredClaim.__dataclass_fields__ if k in entry and k not in special}
         extra = {k: v for k, v in entry.items() if k not in RegisteredClaim.__dataclass_fields__}
-        out.append(RegisteredClaim(**{**known, "registered": str(entry["registered"])}, rule=Rule(**rule),
-                                   extra=extra))
+        out.append(RegisteredClaim(**{**known, "registered": str(entry["registered"]),
+                                      "registered_commit": str(entry["registered_commit"])},
+                                   rule=Rule(**rule), points=tuple(points),
+                                   amendments=_amendments(path, cid, entry.get("amendments")), extra=extra))
     return out
 
 
@@ -124,23 +174,57 @@ def _fmt(v: float) -> str:
     return "nan" if math.isnan(v) else f"{v:.4g}"
 
 
+# The raw folder each evidence table is rendered from (workflow/rules: its make_* rule's input), whose manifest names
+# the commit that computed it.
+RAW_OF = {"table1.csv": "flops", "table_kv_memory.csv": "flops", "simscore_crossings.csv": "simscore",
+          "table2.csv": "table2", "table4a.csv": "table4a", "table4b.csv": "table4b", "tableB1.csv": "tableB1",
+          "tableB2.csv": "tableB2", "seeds.csv": "seeds", "budget_scaling.csv": "budget_scaling",
+          "table_advisor_calibration.csv": "advisor", "table_long_context.csv": "long_context",
+          "table_serving_fidelity.csv": "served_fidelity", "table3.csv": "serving/kv-limit",
+          "tableA3.csv": "serving/sharegpt"}
+
+
 def evidence_commit(path: str | Path, commits: dict[str, str], default: str) -> str:
-    """The commit that computed one evidence file: a raw folder's manifest names it (``collected_at``); otherwise
-    ``commits`` by file name (``seeds.csv``), else ``default``."""
+    """The commit that computed one evidence file: ``commits`` by file name where given (``seeds.csv``); else the
+    manifest's ``collected_at`` of a raw folder, or of the raw folder a table is rendered from (``RAW_OF``); else
+    ``default``."""
     import json
 
     from analysis.raw import MANIFEST
 
     path = Path(path)
-    if path.name == MANIFEST and path.is_file():
-        return str(json.loads(path.read_text()).get("collected_at") or default)
-    return commits.get(path.name, default)
+    if path.name in commits:
+        return commits[path.name]
+    manifest = path if path.name == MANIFEST else path.parent / "raw" / RAW_OF.get(path.name, "-") / MANIFEST
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text()).get("collected_at") or default)
+    return default
+
+
+def matches(name: str, label: str) -> bool:
+    """Whether a measured point's label is the registered point ``name`` (the label may add how it was measured:
+    "(3 seeds)", ": 29 vs 96 MiB (5 repeats)")."""
+    return label == name or label.startswith((name + " ", name + ":"))
+
+
+def with_registered_points(claim: RegisteredClaim, points: list[Point]) -> tuple[list[Point], list[str]]:
+    """``points`` plus one "not measured" point (no estimate, so it can never hold) for every registered point the
+    evaluator did not return, and the names of those: no registered point is ever left out of a verdict."""
+    missing = [name for name in claim.points if not any(matches(name, p.label) for p in points)]
+    return points + [Point(f"{name} (not measured)", math.nan, math.nan, math.nan) for name in missing], missing
+
+
+def amendments_text(claim: RegisteredClaim) -> str:
+    return " | ".join(f"{a.date} ({a.commit}): {a.what}; why: {a.why}; outcome visible: {a.outcome_visible}"
+                      for a in claim.amendments)
 
 
 def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
-             commits: dict[str, str] | None = None):
+             commits: dict[str, str] | None = None, registered_points: bool = True):
     """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
-    its status (decided / provisional / awaiting). ``commit``: the commit that computed the evidence; ``commits``:
+    its status (decided / provisional / awaiting). ``registered_points``: judge every point the registry names (the
+    default profile's), a missing one as "not measured" (another profile measures other points: False judges the
+    points it has). ``commit``: the commit that computed the evidence; ``commits``:
     per evidence file name (``seeds.csv``), where files come from different runs; a raw folder's manifest names its
     own (``evidence_commit``). Returns a DataFrame in the
     registry's order; ``evidence_commit`` lists one commit per evidence file."""
@@ -156,18 +240,22 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             ev = EVALUATORS[claim.id](reports)
         except NoEvidence as none:
             ev = Evidence([], [none.path], none.why)
-        verdict = decide(claim.rule, ev.points)
-        decider = deciding_point(claim.rule, ev.points)
+        points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
+            else (ev.points, [])
+        verdict = decide(claim.rule, points)
+        decider = deciding_point(claim.rule, points)
         by_current_run = claim.decided_by.startswith("default profile")
         by_scaling = "budget-scaling" in claim.decided_by
         study = scaling.get(claim.id)
         scaling_pending = by_scaling and study is None
         powered = ev.seeded or ev.powered  # the points carry every source of variance the estimator names
-        status = (AWAITING if not ev.points else DECIDED if by_current_run or (powered and not scaling_pending)
-                  else PROVISIONAL)
+        status = (AWAITING if not ev.points else DECIDED if (by_current_run or (powered and not scaling_pending))
+                  and not missing else PROVISIONAL)
         if by_scaling and study is not None and study.accuracy and ev.points:
             verdict = budget_verdict(verdict, study.accuracy[-1][1])
-        if status == PROVISIONAL and ev.seeded:
+        if status == PROVISIONAL and missing:
+            why = f"registered point(s) not measured: {', '.join(missing)}"
+        elif status == PROVISIONAL and ev.seeded:
             why = ("decided at the table budget by the seeds run (seeds.csv); "
                    + ("reports/budget_scaling.csv has no row of this comparison" if (reports / "budget_scaling.csv")
                       .is_file() else "the ordering across budgets awaits the budget-scaling study"))
@@ -192,21 +280,37 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "points": "; ".join(f"{p.label}: {_fmt(p.estimate)} [{_fmt(p.lo)}, {_fmt(p.hi)}]"
                                 + (f" (paper {_fmt(p.paper)})" if p.paper is not None else "")
                                 + (f" noise [{_fmt(p.noise[0])}, {_fmt(p.noise[1])}]" if p.noise else "")
-                                + f" {point_verdict(claim.rule, p)}" for p in ev.points),
-            "n_points": len(ev.points),
+                                + f" {point_verdict(claim.rule, p)}" for p in points),
+            "n_points": len(points),
+            "missing_points": "; ".join(missing),
             "verdict": verdict,
             "status": status,
             "why": why,
             "evidence": " ".join(ev.files + ([str(reports / "budget_scaling.csv")] if study else [])),
             "evidence_commit": " ".join(evidence_commit(f, commits, commit) for f in ev.files
-                                        + (["budget_scaling.csv"] if study else [])) or commit,
+                                        + ([str(reports / "budget_scaling.csv")] if study else [])) or commit,
             "registered": claim.registered,
+            "registered_commit": claim.registered_commit,
+            "data_seen": claim.data_seen,
+            "n_amendments": len(claim.amendments),
+            "amendments_outcome_visible": sum(a.visible for a in claim.amendments),
+            "amendments": amendments_text(claim),
             "decided_by": claim.decided_by,
             "scaling_kl": study.kl if study else "",
             "scaling_ordering": study.ordering if study else "",
             "scaling_accuracy": study.text() if study else "",
         })
     return pd.DataFrame(rows)
+
+
+def counts_text(frame) -> str:
+    """The claims of reports/claims.csv counted by status and verdict, with their ids (failing ones first)."""
+    order = [(DECIDED, FAILS), (PROVISIONAL, FAILS), (DECIDED, HOLDS), (PROVISIONAL, HOLDS)]
+    groups = {key: list(g.id) for key, g in frame.groupby(["status", "verdict"], sort=False)}
+    keys = order + [k for k in groups if k not in order]
+    parts = [f"{len(groups[k])} {k[0]}{'' if k[0] == AWAITING else ' and ' + k[1]} ({', '.join(groups[k])})"
+             for k in keys if k in groups]
+    return f"{len(frame)} registered claims: " + "; ".join(parts) + "."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evidence-commit", default=None,
                         help="the commit that computed the tables in REPORTS (default: this checkout's HEAD, as in a "
                         "pipeline run; for tables committed earlier, the commit in their provenance.json)")
+    parser.add_argument("--measured-points-only", action="store_true",
+                        help="judge the points the reports hold, not the registry's named points (the registry names "
+                        "the default profile's points; other profiles measure others)")
     parser.add_argument("--commit-of", action="append", default=[], metavar="FILE=COMMIT",
                         help="the commit that computed one evidence file (e.g. seeds.csv=abc123), where the tables "
                         "come from different runs; repeatable")
@@ -233,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         frame = evaluate(args.reports, args.registry, commit=args.evidence_commit or git_commit(),
-                         commits=dict(x.split("=") for x in args.commit_of))
+                         commits=dict(x.split("=") for x in args.commit_of),
+                         registered_points=not args.measured_points_only)
     except RegistryError as err:
         parser.exit(2, f"error: {err}\n")
     write_csv(frame, args.output)

@@ -60,71 +60,84 @@ def _exact_points(reports: Path, name: str, value: str, paper: str, label) -> Ev
                      for _, r in rows.iterrows()], [path])
 
 
-def _delta_points(reports: Path, name: str, variants: list[str] | None, column: str, negate: bool = False,
-                  kv_cache: str = "native") -> Evidence:
-    """Paired differences (and their 95% intervals) of the table's rows of ``variants`` (None: every row with this
-    ``kv_cache``); negate: the claim's difference is the reference row minus this row."""
+def _table_point(r, column: str, negate: bool, label: str) -> Point:
+    est, lo, hi = num(r[column]), num(r[f"{column}_lo"]), num(r[f"{column}_hi"])
+    if negate:
+        est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
+    return Point(label, est, lo, hi)
+
+
+def _delta_points(reports: Path, name: str, column: str, kv_cache: str) -> Evidence:
+    """Paired differences (and their 95% intervals) of every row of the table with this ``kv_cache`` against its
+    reference row (Table B.1: each row's FP8 cache against its native one)."""
     df, path = _csv(reports, name)
-    if "kv_cache" in df:
-        df = df[df.kv_cache == kv_cache]
-    points = []
-    for v in variants if variants is not None else list(df.variant):
-        for _, r in df[df.variant == v].iterrows():
-            est, lo, hi = num(r[column]), num(r[f"{column}_lo"]), num(r[f"{column}_hi"])
-            if negate:
-                est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
-            ref = r.get(f"{column}_row", "base") if column != "delta_base" else "base"
-            row = v if kv_cache == "native" else f"{v} ({kv_cache} KV)"
-            points.append(Point(f"{r['model']} {row} vs {ref}" if not negate else f"{r['model']} {ref} vs {row}",
-                                est, lo, hi))
+    df = df[df.kv_cache == kv_cache]
+    points = [_table_point(r, column, False, f"{r['model']} {r['variant']} ({kv_cache} KV) vs {r[f'{column}_row']}")
+              for _, r in df.iterrows()]
     if not points:
-        raise NoEvidence(path, f"no row {', '.join(variants or [kv_cache + ' KV'])} in {path}")
+        raise NoEvidence(path, f"no {kv_cache} KV row in {path}")
     return Evidence(points, [path])
 
 
-def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, column: str = "delta_ref",
-                   fallback=None) -> Evidence:
-    """The pooled rows of ``reports/seeds.csv`` (seed = all): ``column`` of each of ``variants`` against ``ref``
-    (``delta_base``: against the base model), intervals over training seeds and examples. The claim is decided by
-    them only if every row (and its reference) has at least MIN_SEEDS training seeds; otherwise the table's
-    single-run points (``fallback``) stand in, or the seeded rows there are, and the claim is provisional."""
-    df, path = _csv(reports, "seeds.csv") if (reports / "seeds.csv").is_file() or fallback is None else (None, "")
-    if df is None:
-        return fallback(reports)
-    pooled = df[df.seed.astype(str) == "all"].set_index("variant")
-    shown = Path(reports.name) / "seeds.csv"  # in messages: no absolute paths
+def _pair_label(model: str, variant: str, ref: str, negate: bool) -> str:
+    """The registered name of a comparison point (analysis/claims.yaml ``points``): the row claimed better first."""
+    return f"{model} {ref} vs {variant}" if negate else f"{model} {variant} vs {ref}"
 
-    def enough(name):  # an untrained row has one evaluation and no training seed
-        return name in pooled.index and (pooled.loc[name, "n_seeds"] >= MIN_SEEDS
-                                         or str(pooled.loc[name, "seeds"]) == "untrained")
 
-    points, lacking = [], []
+def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, column: str, table: str) -> Evidence:
+    """Every variant's difference against ``ref`` (``delta_base``: against the base model): the pooled row of
+    reports/seeds.csv, intervals over training seeds and examples, when the row and its reference have at least
+    MIN_SEEDS training seeds; otherwise the best there is — the single run of ``table``, else the pooled row of fewer
+    seeds — judged like the others and marked, so that the claim is provisional. No variant is left out: one
+    with no number at all is a missing point (analysis.claims adds it as not measured)."""
+    import pandas as pd
+
+    files, pooled, single = [], pd.DataFrame(), pd.DataFrame()
+    if (reports / "seeds.csv").is_file():
+        df, path = _csv(reports, "seeds.csv")
+        pooled, files = df[df.seed.astype(str) == "all"].set_index("variant"), [path]
+    if (reports / table).is_file():
+        df, path = _csv(reports, table)
+        single = df[df.kv_cache == "native"].set_index("variant") if "kv_cache" in df else df.set_index("variant")
+
+    def seeds(name, untrained_counts: bool = True) -> int:
+        """Training seeds of a pooled row; an untrained row has one evaluation and needs no seed."""
+        if name not in pooled.index:
+            return 0
+        untrained = str(pooled.loc[name, "seeds"]) == "untrained"
+        return MIN_SEEDS if untrained and untrained_counts else int(pooled.loc[name, "n_seeds"])
+
+    points, short = [], []
     for v in variants:
-        if not enough(v) or (column == "delta_ref" and (pooled.loc[v, "ref"] != ref or not enough(ref))):
-            lacking.append(v)
+        from_pool = v in pooled.index and (column == "delta_base" or pooled.loc[v, "ref"] == ref) \
+            and not math.isnan(num(pooled.loc[v, column]))
+        ref_row = f"{ref} (native KV)"
+        from_table = v in single.index and (column == "delta_base" or single.loc[v].get(f"{column}_row") == ref_row)
+        n = min(seeds(v), seeds(ref) if column == "delta_ref" else MIN_SEEDS)
+        if from_pool and (n >= MIN_SEEDS or not from_table):
+            both = max(seeds(v, False), seeds(ref, False) if column == "delta_ref" else 0)
+            r, how = pooled.loc[v], f"({both} seeds)"
+        elif from_table:
+            r, how = single.loc[v], "(one training run)"
+        else:
+            short.append(f"{v}: no number")
             continue
-        r = pooled.loc[v]
-        est, lo, hi = num(r[column]), num(r[f"{column}_lo"]), num(r[f"{column}_hi"])
-        seeds = max(r["n_seeds"], pooled.loc[ref, "n_seeds"] if column == "delta_ref" else 0)
-        label = f"{r['model']} {v} vs {ref}"
-        if negate:
-            est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
-            label = f"{r['model']} {ref} vs {v}"
-        points.append(Point(f"{label} ({int(seeds)} seeds)", est, lo, hi))
-    if not lacking:
-        return Evidence(points, [path], seeded=True)
-    if fallback is not None:
-        return fallback(reports)
+        model = r["model"]
+        if how == "(one training run)" or n < MIN_SEEDS:
+            short.append(f"{v}: {how.strip('()')}")
+        points.append(_table_point(r, column, negate, f"{_pair_label(model, v, ref, negate)} {how}"))
+    if any(p.label.endswith("(one training run)") for p in points):
+        files.append(str(reports / table))
     if not points:
-        raise NoEvidence(path, f"{shown} has no pooled row with >= {MIN_SEEDS} seeds for {', '.join(lacking)} "
-                          f"against {ref}")
-    return Evidence(points, [path], missing=f"no row with >= {MIN_SEEDS} seeds for {', '.join(lacking)}")
+        raise NoEvidence(str(reports / table), f"no number for {', '.join(variants)} against {ref} in "
+                         f"{Path(reports.name) / 'seeds.csv'} or {Path(reports.name) / table}")
+    return Evidence(points, files, seeded=not short,
+                    short="" if not short else f"fewer than {MIN_SEEDS} training seeds for " + "; ".join(short))
 
 
-def _seeded(variants: list[str], ref: str, negate: bool = False, column: str = "delta_ref", table: str | None = None):
-    """An evaluator on the seeds study's pooled rows; ``table``: the single-run table that stands in without them."""
-    fallback = None if table is None else (lambda r: _delta_points(r, table, variants, column, negate=negate))
-    return lambda r: _seeded_points(r, variants, ref, negate, column, fallback)
+def _seeded(variants: list[str], ref: str, table: str, negate: bool = False, column: str = "delta_ref"):
+    """An evaluator on the seeds study's pooled rows, with ``table``'s single runs where a row has too few seeds."""
+    return lambda r: _seeded_points(r, variants, ref, negate, column, table)
 
 
 def _simscore(reports: Path) -> Evidence:
@@ -143,7 +156,7 @@ def _single_run(label: str, estimate: float) -> Point:
 
 MIN_REPEATS = 5  # interleaved repeats per throughput point (registry: "median over >= 5 interleaved repeats")
 MIN_REQUESTS = 50  # requests per latency rate (registry: ">= 50 requests")
-SWIFTKV, ACROSSKV = "swiftkv-50", "swiftkv-50-acrosskv-3"
+SWIFTKV, ACROSSKV, REFERENCE = "swiftkv-50", "swiftkv-50-acrosskv-3", "base"
 
 
 def _serving(reports: Path, study: str):
@@ -219,10 +232,17 @@ def _latency(metric: str, skip_lowest: bool = False):
     return evaluate
 
 
+def _rounds(g, key: str) -> dict:
+    """Per (point key, variant) of one engine's rows (the noise-floor copy as ``<reference>-again``): the throughput
+    of every round."""
+    return {(r[key], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
+
+
 def _memory_limits(reports: Path) -> Evidence:
     """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest, each the median
-    of the rounds' ratios, the difference's interval by resampling each limit's rounds; without the raw serving
-    results, the single-run Table 3 stands in."""
+    of the rounds' ratios, the difference's interval by resampling each limit's rounds; its noise floor is the same
+    statistic for the base model measured twice in the same rounds (base-again / base), which the effect must clear.
+    Without the raw serving results, the single-run Table 3 stands in."""
     from analysis.serving import round_ratios
     from analysis.stats import median_difference_ci
 
@@ -231,19 +251,21 @@ def _memory_limits(reports: Path) -> Evidence:
     except NoEvidence:
         return _memory_limits_table(reports)
     points, enough = [], True
-    for engine, g in df[df["again_of"].isna()].groupby("engine"):
-        runs = {(r["kv_limit_bytes"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
+    for engine, g in df.groupby("engine"):
+        runs = _rounds(g, "kv_limit_bytes")
         by_limit = {k: round_ratios(runs.get((k, ACROSSKV)), runs.get((k, SWIFTKV))) for k, _ in runs}
         limits = sorted(k for k, v in by_limit.items() if v is not None)
         if len(limits) < 2:
             continue
-        ratios = {k: by_limit[k] for k in (limits[0], limits[-1])}
-        est = median_difference_ci(ratios[limits[0]], ratios[limits[-1]])
-        n = min(len(v) for v in ratios.values())
-        enough &= n >= MIN_REPEATS
+        ends = (limits[0], limits[-1])
+        est = median_difference_ci(*(by_limit[k] for k in ends))
+        noise = [round_ratios(runs.get((k, f"{REFERENCE}-again")), runs.get((k, REFERENCE))) for k in ends]
+        floor = median_difference_ci(*noise) if all(noise) else None
+        n = min(len(by_limit[k]) for k in ends)
+        enough &= n >= MIN_REPEATS and floor is not None
         lo, hi = (est.low, est.high) if n >= MIN_REPEATS else (math.nan, math.nan)
         points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats)",
-                            est.value, lo, hi))
+                            est.value, lo, hi, noise=(floor.low, floor.high) if floor else (math.nan, math.nan)))
     return _rounds_evidence(points, path, enough, "limits", f"no engine with {ACROSSKV} and {SWIFTKV} at two KV "
                             f"limits in {path}")
 
@@ -266,12 +288,28 @@ def _memory_limits_table(reports: Path) -> Evidence:
     return Evidence(points, [path])
 
 
-def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evidence:
-    """Per engine: the Spearman correlation of the filter's minimum input/output ratio with the SwiftKV 50% speedup
-    (each filter's median over rounds of the round's ratio); interval: rounds resampled within each filter. Without
-    the raw serving results, the single-run Table A.3 stands in."""
+MIN_RATIOS = 5  # registry (amended 2026-12-03): the ShareGPT trend decides only over >= 5 input/output ratios
+
+
+def _spearman_ci(filters: list, ratios: list, rng, resamples: int) -> tuple[float, float, float]:
+    """Spearman(filter, median ratio per filter) and its interval, rounds resampled within each filter."""
     import numpy as np
     from scipy.stats import spearmanr
+
+    rho = spearmanr(filters, [np.median(r) for r in ratios]).statistic
+    boot = [spearmanr(filters, [np.median(rng.choice(r, len(r))) for r in ratios]).statistic
+            for _ in range(resamples)]
+    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+    return float(rho), float(lo), float(hi)
+
+
+def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evidence:
+    """Per engine: the Spearman correlation of the filter's minimum input/output ratio with the SwiftKV 50% speedup
+    (each filter's median over rounds of the round's ratio); interval: rounds resampled within each filter; noise
+    floor: the same correlation for the base model measured twice in the same rounds (base-again / base). Decided
+    only over MIN_RATIOS filters (a rank correlation over 3 points takes 4 values); without the raw serving results,
+    the single-run Table A.3 stands in."""
+    import numpy as np
 
     from analysis.serving import round_ratios
 
@@ -281,20 +319,23 @@ def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evid
         return _sharegpt_trend_table(reports)
     rng = np.random.default_rng(seed)
     points, enough = [], True
-    for engine, g in df[df["again_of"].isna()].groupby("engine"):
-        by = {(r["min_ratio"], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
-        by_filter = {k: round_ratios(by.get((k, SWIFTKV)), by.get((k, "base"))) for k, _ in by}
+    for engine, g in df.groupby("engine"):
+        runs = _rounds(g, "min_ratio")
+        by_filter = {k: round_ratios(runs.get((k, SWIFTKV)), runs.get((k, REFERENCE))) for k, _ in runs}
         filters = sorted(k for k, v in by_filter.items() if v is not None)
         if len(filters) < 2:
             continue
-        ratios = [np.array(by_filter[k]) for k in filters]
-        rho = spearmanr(filters, [np.median(r) for r in ratios]).statistic
-        n = min(len(r) for r in ratios)
-        enough &= n >= MIN_REPEATS
-        boot = [spearmanr(filters, [np.median(rng.choice(r, len(r))) for r in ratios]).statistic
-                for _ in range(resamples)]
-        lo, hi = np.nanpercentile(boot, [2.5, 97.5]) if n >= MIN_REPEATS else (math.nan, math.nan)
-        points.append(Point(f"{engine} ({len(filters)} ratios, {n} repeats)", float(rho), float(lo), float(hi)))
+        rho, lo, hi = _spearman_ci(filters, [np.array(by_filter[k]) for k in filters], rng, resamples)
+        noise = [round_ratios(runs.get((k, f"{REFERENCE}-again")), runs.get((k, REFERENCE))) for k in filters]
+        floor = _spearman_ci(filters, [np.array(x) for x in noise], rng, resamples) if all(noise) else None
+        n = min(len(by_filter[k]) for k in filters)
+        ok = n >= MIN_REPEATS and len(filters) >= MIN_RATIOS and floor is not None
+        enough &= ok
+        points.append(Point(f"{engine} ({len(filters)} ratios, {n} repeats)", rho, lo if ok else math.nan,
+                            hi if ok else math.nan, noise=(floor[1], floor[2]) if floor else (math.nan, math.nan)))
+    if points and not enough:
+        return Evidence(points, [path], short=f"the trend is decided over >= {MIN_RATIOS} input/output ratios, "
+                        f">= {MIN_REPEATS} interleaved repeats each, with its noise floor; some engines have fewer")
     return _rounds_evidence(points, path, enough, "filters", f"fewer than two measured ratios per engine in {path}")
 
 
@@ -369,40 +410,45 @@ def _served_model_faithful(reports: Path) -> Evidence:
                     short="" if enough else f"some configurations have fewer than {MIN_FIDELITY_PROMPTS} prompts")
 
 
-def _prefill_time_halved(reports: Path) -> Evidence:
-    """Per (model, prompt length >= 1024): the SwiftKV 50% student's prefill speedup over base, the median over the
-    interleaved repeats of the same repeat's time ratio (interval: bootstrap over repeats), divided by the speedup the
-    FLOPs predict (reports/raw/forward_time, rule bench_forward_time). Fewer than MIN_REPEATS repeats: no interval."""
-    import json
+def _prefill_time(skips: tuple[float, ...], min_tokens: int):
+    """Per (model, skipped fraction, prompt length >= ``min_tokens``): the student's prefill speedup over base, the
+    median over the interleaved repeats of the same repeat's time ratio (interval: bootstrap over repeats), divided
+    by the speedup the FLOPs predict (reports/raw/forward_time, rule bench_forward_time). Fewer than MIN_REPEATS
+    repeats: no interval."""
 
-    from analysis.io import read_json
-    from analysis.raw import MANIFEST, raw_path
-    from analysis.stats import median_ci
-    from swiftkv.flops import layers_for_skip
+    def evaluate(reports: Path) -> Evidence:
+        import json
 
-    root = reports / "raw" / "forward_time"
-    if not (root / MANIFEST).is_file():
-        raise NoEvidence(str(root), "reports/raw/forward_time is missing (rule raw_analysis)")
-    points = []
-    for meta in json.loads((root / MANIFEST).read_text())["files"].values():
-        data = read_json(raw_path(root, meta["source"]))
-        L = data["num_hidden_layers"]
-        half = f"swiftkv-l{layers_for_skip(L, 0.5)}"  # the benchmark's 50% row (swiftkv.bench.speed.kept_layers)
-        rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
-        for (variant, tokens), row in sorted(rows.items(), key=lambda kv: kv[0][1]):
-            base = rows.get(("base", tokens))
-            if variant != half or tokens < 1024 or base is None:
-                continue
-            ratios = [b / t for b, t in zip(base["times_s"], row["times_s"])]
-            predicted = 1.0 / row["predicted_ratio"]
-            est = median_ci(ratios)
-            enough = len(ratios) >= MIN_REPEATS
-            points.append(Point(f"{data.get('model', Path(meta['source']).stem)} {tokens} tokens",
-                                est.value / predicted, est.low / predicted if enough else math.nan,
-                                est.high / predicted if enough else math.nan))
-    if not points:
-        raise NoEvidence(str(root), "no SwiftKV 50% row at a prompt of >= 1024 tokens in reports/raw/forward_time")
-    return Evidence(points, [str(root / MANIFEST)])
+        from analysis.io import read_json
+        from analysis.raw import MANIFEST, raw_path
+        from analysis.stats import median_ci
+        from swiftkv.flops import layers_for_skip
+
+        root = reports / "raw" / "forward_time"
+        if not (root / MANIFEST).is_file():
+            raise NoEvidence(str(root), "reports/raw/forward_time is missing (rule raw_analysis)")
+        points = []
+        for meta in json.loads((root / MANIFEST).read_text())["files"].values():
+            data = read_json(raw_path(root, meta["source"]))
+            L, model = data["num_hidden_layers"], data.get("model", Path(meta["source"]).stem)
+            rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
+            for skip in skips:  # the benchmark's rows are named by l (swiftkv.bench.speed.kept_layers)
+                name = f"swiftkv-l{layers_for_skip(L, skip)}"
+                for tokens in sorted(t for v, t in rows if v == name and t >= min_tokens and ("base", t) in rows):
+                    base, row = rows[("base", tokens)], rows[(name, tokens)]
+                    ratios = [b / t for b, t in zip(base["times_s"], row["times_s"])]
+                    predicted = 1.0 / row["predicted_ratio"]
+                    est = median_ci(ratios)
+                    enough = len(ratios) >= MIN_REPEATS
+                    label = f"{model} {tokens} tokens" if len(skips) == 1 else f"{model} {skip:.0%} {tokens} tokens"
+                    points.append(Point(label, est.value / predicted, est.low / predicted if enough else math.nan,
+                                        est.high / predicted if enough else math.nan))
+        if not points:
+            raise NoEvidence(str(root), f"no SwiftKV row at a prompt of >= {min_tokens} tokens in "
+                             "reports/raw/forward_time")
+        return Evidence(points, [str(root / MANIFEST)])
+
+    return evaluate
 
 
 def _awaiting(what: str):
@@ -419,16 +465,17 @@ EVALUATORS = {
     "simscore-predicts-loss": _simscore_predicts_loss,
     "served-model-faithful": _served_model_faithful,
     "long-context-loss-flat": _long_context_flat,
-    "prefill-time-halved": _prefill_time_halved,
-    "quality-loss-25": _seeded(["swiftkv-25"], "base", column="delta_base", table="table2.csv"),
-    "quality-loss-50": _seeded(["swiftkv-50"], "base", column="delta_base", table="table2.csv"),
-    "quality-cliff-beyond-50": _seeded(["swiftkv-62"], "swiftkv-50"),
-    "acrosskv-costs-little": _seeded(["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"], "swiftkv-50"),
-    "kl-beats-lm-loss": _seeded(["swiftkv-50-lm"], "swiftkv-50", negate=True, table="table4a.csv"),
-    "distillation-needed": _seeded(["swiftkv-50-nodistill"], "swiftkv-50", negate=True, table="table4a.csv"),
-    "partial-beats-full": _seeded(["swiftkv-50-full"], "swiftkv-50", negate=True, table="table4b.csv"),
-    "acrosskv-beats-mqa": _seeded(["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", negate=True, table="tableB2.csv"),
-    "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", None, "delta_ref", kv_cache="fp8"),
+    "prefill-time-halved": _prefill_time((0.5,), 1024),
+    "prefill-time-full-scope": _prefill_time((0.5, 0.75), 0),
+    "quality-loss-25": _seeded(["swiftkv-25"], "base", "table2.csv", column="delta_base"),
+    "quality-loss-50": _seeded(["swiftkv-50"], "base", "table2.csv", column="delta_base"),
+    "quality-cliff-beyond-50": _seeded(["swiftkv-62"], "swiftkv-50", "table2.csv"),
+    "acrosskv-costs-little": _seeded(["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"], "swiftkv-50", "table2.csv"),
+    "kl-beats-lm-loss": _seeded(["swiftkv-50-lm"], "swiftkv-50", "table4a.csv", negate=True),
+    "distillation-needed": _seeded(["swiftkv-50-nodistill"], "swiftkv-50", "table4a.csv", negate=True),
+    "partial-beats-full": _seeded(["swiftkv-50-full"], "swiftkv-50", "table4b.csv", negate=True),
+    "acrosskv-beats-mqa": _seeded(["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", "tableB2.csv", negate=True),
+    "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", "delta_ref", kv_cache="fp8"),
     "throughput-gain": _throughput_gain,
     "ttft-lower": _latency("ttft"),
     "tpot-lower": _latency("tpot", skip_lowest=True),

@@ -120,8 +120,52 @@ def _simscore(reports: Path) -> str:
     return simscore_markdown(pd.read_csv(reports / "simscore_crossings.csv"))
 
 
+def _table2(reports: Path) -> str:
+    from analysis.accuracy import summary_markdown
+
+    seeds = reports / "seeds.csv"
+    return summary_markdown(pd.read_csv(reports / "table2.csv"), pd.read_csv(seeds) if seeds.is_file() else None)
+
+
+def _advisor(reports: Path) -> str:
+    from analysis.advisor import advisor_markdown
+
+    return advisor_markdown(*(pd.read_csv(reports / n) for n in ("table_advisor.csv", "table_advisor_calibration.csv")))
+
+
+def _seeds(reports: Path) -> str:
+    from analysis.seeds import seeds_markdown
+
+    sheet = pd.read_csv(Path(__file__).resolve().parents[1] / "config" / "variants.tsv", sep="\t",
+                        keep_default_na=False)
+    frame = pd.read_csv(reports / "seeds.csv")
+    rows = sheet[sheet.model == frame.model.iloc[0]]
+    labels = dict(zip(rows.variant, rows.label))
+    return seeds_markdown(frame, labels)
+
+
+def _claim_counts(reports: Path) -> str:
+    from analysis.claims import counts_text
+
+    return counts_text(pd.read_csv(reports / "claims.csv"))
+
+
+def _disagreements(reports: Path) -> str:
+    from analysis import disagreements
+    from analysis.claims import load_registry
+
+    claims = pd.read_csv(reports / "claims.csv")
+    return (disagreements.markdown(disagreements.rows(claims, load_registry(), reports)) + "\n"
+            + disagreements.registration_summary(claims) + "\n")
+
+
 # block name -> its markdown from a reports directory
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "disagreements": _disagreements,
+    "table2": _table2,
+    "claim-counts": _claim_counts,
+    "seeds": _seeds,
+    "advisor": _advisor,
     "simscore": _simscore,
     "forward-time": _forward_time,
     "serving": _serving,

@@ -59,12 +59,19 @@ def registry_html(frame: pd.DataFrame) -> str:
         points = (f"<details><summary>{int(r.n_points)} point(s)</summary>{html.escape(str(r.points))}</details>"
                   if r.n_points else "")
         why = html.escape(str(r.why)) if isinstance(r.why, str) else ""
+        history = f"{html.escape(str(r.registered))} ({html.escape(str(r.registered_commit))})"
+        history += f"<br><span class='cap'>data seen then: {html.escape(str(r.data_seen))}</span>"
+        if r.n_amendments:
+            items = "".join(f"<li>{html.escape(a)}</li>" for a in str(r.amendments).split(" | "))
+            history += (f"<details><summary>{int(r.n_amendments)} amendment(s), {int(r.amendments_outcome_visible)} "
+                        f"with the outcome visible</summary><ul>{items}</ul></details>")
         return (f"<tr class='{cls}'><td><code>{html.escape(r.id)}</code><br>{html.escape(r.statement)}</td>"
                 f"<td>{html.escape(r.rule)}</td><td>{est}{where}{points}</td><td><b>{html.escape(verdict)}</b></td>"
-                f"<td>{html.escape(r.status)}<br><span class='cap'>{why}</span></td></tr>")
+                f"<td>{html.escape(r.status)}<br><span class='cap'>{why}</span></td><td>{history}</td></tr>")
 
-    return ("<table class='claims'><tr><th>claim (analysis/claims.yaml)</th><th>rule, written before the data</th>"
-            "<th>deciding point (95% interval)</th><th>verdict over every point</th><th>status</th></tr>"
+    return ("<table class='claims'><tr><th>claim (analysis/claims.yaml)</th><th>rule</th>"
+            "<th>deciding point (95% interval)</th><th>verdict over every point</th><th>status</th>"
+            "<th>registered (commit), and amended</th></tr>"
             + "".join(row(r) for r in frame.itertuples()) + "</table>")
 
 
@@ -193,11 +200,14 @@ class Section:
     path: str
     caption: str = ""
     markdown: str | None = None
+    summary: str = ""  # Markdown shown above the table (an accuracy table's one-run rows beside the seed means)
 
     def html(self) -> str:
         body = f"<h2 id='{_anchor(self.title)}'>{html.escape(self.title)}</h2>"
         if self.caption:
             body += f"<p class='cap'>{_inline(self.caption)}</p>"
+        if self.summary:
+            body += markdown_html(self.summary)
         if not Path(self.path).is_file():
             return body + f"<p><b>{ABSENT}</b>: <code>{html.escape(self.path)}</code> is not built in this profile.</p>"
         if self.path.endswith(".png"):
@@ -207,6 +217,18 @@ class Section:
         else:
             body += csv_html(self.path)
         return body + f"<p class='cap'>source: <code>{html.escape(self.path)}</code></p>"
+
+
+SEEDED_TABLES = ("table2", "table4a", "table4b", "tableB2")  # accuracy tables whose rows the seeds study repeats
+
+
+def seed_summary(path: str, seeds: pd.DataFrame | None) -> str:
+    """Above a one-run accuracy table: its rows' Δ vs base beside the seeds study's mean (empty where it has none)."""
+    from analysis.accuracy import summary_markdown
+
+    if seeds is None or Path(path).stem not in SEEDED_TABLES or not Path(path).is_file():
+        return ""
+    return summary_markdown(pd.read_csv(path), seeds)
 
 
 def provenance_html(prov: dict) -> str:
@@ -220,7 +242,9 @@ def provenance_html(prov: dict) -> str:
 
 
 def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict, note: str = "",
-                registry: pd.DataFrame | None = None) -> str:
+                registry: pd.DataFrame | None = None, disagreements: str = "", registration: str = "") -> str:
+    """The page. ``registry``: reports/claims.csv; ``disagreements``: the HTML of the section that opens the page
+    (analysis.disagreements); ``registration``: how the rules were written (said under the title)."""
     nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>"
                    for s in sections)
     counts = pd.Series([_verdict_class(c.verdict) for c in claim_items]).value_counts().to_dict()
@@ -230,14 +254,18 @@ def render_html(title: str, claim_items: list[Claim], sections: list[Section], p
     claims_part = f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
     if registry is not None:
         summary = registry_summary(registry)
-        claims_part = (f"<h2 id='claims'>The paper's claims, by registered rules</h2>{registry_html(registry)}"
+        claims_part = (f"<h2 id='claims'>Every claim, by its registered rule</h2>{registry_html(registry)}"
                        "<h2 id='posthoc'>Earlier judgements (rules chosen after the data; superseded by the table "
                        f"above, kept for comparison)</h2>{claims_html(claim_items)}")
+    first = (f"<h2 id='disagreements'>Where the reproduction disagrees with the paper</h2>{disagreements}"
+             if disagreements else "")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p>{summary} Every number below is produced by the pipeline; the paper's numbers are kept as data in "
-            f"<code>analysis/paper/</code>.</p>" + (f"<p class='note'>{_inline(note)}</p>" if note else "")
+            f"<code>analysis/paper/</code>.</p>" + (f"<p>{html.escape(registration)}</p>" if registration else "")
+            + (f"<p class='note'>{_inline(note)}</p>" if note else "")
             + f"<nav>{nav}</nav>"
+            + first
             + claims_part
             + "".join(s.html() for s in sections)
             + f"<h2 id='provenance'>Provenance</h2>{provenance_html(provenance)}</body></html>")

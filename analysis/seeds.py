@@ -5,8 +5,9 @@ initialisation of SwiftKV is deterministic and the held-out and evaluation sets 
 evaluated exactly as the tables' rows are (the same tasks, examples, perplexity documents and fidelity sequences).
 
 ``reports/seeds.csv`` has one row per (model, variant, seed) — ``seed`` = the seed — and one pooled row per
-(model, variant) — ``seed`` = ``all`` — whose intervals come from a two-level bootstrap over training seeds and
-report-split examples (``analysis.stats.hierarchical_difference_ci``):
+(model, variant) — ``seed`` = ``all`` — whose intervals carry training-seed and report-split example variance
+together: a seed-level t interval with the examples' variance added (``analysis.stats.seed_difference_ci``; a
+per-seed row's interval is over examples only):
 
 - ``average``: task-average accuracy (percent), the mean over seeds;
 - ``delta_base``: average minus the base model's, paired on the same examples;
@@ -35,7 +36,7 @@ from analysis.accuracy import teacher_forced
 from analysis.distill import SUMMARY_FILE
 from analysis.io import read_json, task_scores
 from analysis.raw import eval_path
-from analysis.stats import BootstrapSettings, hierarchical_difference_ci
+from analysis.stats import BootstrapSettings, hierarchical_difference_ci, seed_difference_ci
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,12 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
         per_seed = 100 * np.mean([x.mean(axis=1) for x in m], axis=0)
         rec = {"model": model, "variant": v, "seed": "all", "n_seeds": len(rs),
                "seeds": " ".join("untrained" if r.seed is None else str(r.seed) for r in rs)}
-        _put(rec, "average", hierarchical_difference_ci(m, None, settings))
+        _put(rec, "average", seed_difference_ci(m, None, settings.confidence))
         rec["average_seed_sd"] = float(np.std(per_seed, ddof=1)) if len(rs) > 1 else math.nan
-        _put(rec, "delta_base", hierarchical_difference_ci(m, base_matrix, settings))
+        _put(rec, "delta_base", seed_difference_ci(m, base_matrix, settings.confidence))
         ref = reference.get(v, reference.get("default"))
         if ref and ref != v and ref in matrices:
-            _put(rec, "delta_ref", hierarchical_difference_ci(m, matrices[ref], settings))
+            _put(rec, "delta_ref", seed_difference_ci(m, matrices[ref], settings.confidence))
             rec["ref"] = ref
         fid = [fidelity[id(r)] for r in rs]
         for key in ("kl", "top1"):

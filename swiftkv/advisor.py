@@ -187,6 +187,11 @@ class Calibration:
     residual_sd: float = math.nan  # of log trained KL around the line
     points: list[dict] = field(default_factory=list)
 
+    @property
+    def distinct_l(self) -> int:
+        """How many distinct cuts l the trained points cover (rows of one l with other g are not other cuts)."""
+        return len({p["num_key_value_layers"] for p in self.points})
+
     def predict(self, untrained_kl: float) -> float:
         if math.isnan(self.slope) or not untrained_kl > 0:
             return math.nan
@@ -246,7 +251,8 @@ def trust(cal: Calibration) -> str:
                "the untrained KL does not rank the trained students reliably (interval reaches 0 or below)")
     few = (" (few rows: when they rank alike every resample does, so the interval is coarse)"
            if cal.n < 2 * MIN_CALIBRATION + 2 else "")
-    return f"{verdict}: Spearman {rho:.2f} [{lo:.2f}, {hi:.2f}] over {cal.n} trained cuts{few}"
+    return (f"{verdict}: Spearman {rho:.2f} [{lo:.2f}, {hi:.2f}] over {cal.n} trained rows at {cal.distinct_l} "
+            f"distinct cuts l{few}")
 
 
 def advise(rows: list[dict], tolerance: float, cal: Calibration | None = None) -> dict:

@@ -87,7 +87,10 @@ def test_calibration_ranks_and_predicts():
     assert lo <= 1.0 <= hi + 1e-12
     # the advice uses the calibrated prediction: trained KL 0.5 * sqrt(0.8) = 0.447 <= 0.45 -> l = 4 (50% skipped)
     got = advise(rows, 0.45, cal)
-    assert got["calibrated"] and got["recommended"] == "l=4" and "over 5 trained cuts" in got["trust"]
+    assert got["calibrated"] and got["recommended"] == "l=4" and "over 5 trained rows at 5 distinct cuts" in got["trust"]
+    # two group sizes at one l are one cut, not two
+    rows_g = [{"num_key_value_layers": 15, "key_value_group_size": g} for g in (1, 3, 5)]
+    assert Calibration(n=3, points=rows_g).distinct_l == 1
     # uncalibrated: the untrained KL itself is held to the tolerance (safe side) -> l = 5
     got = advise(rows, 0.45, calibrate(rows, trained[:2], SMALL))
     assert not got["calibrated"] and got["recommended"] == "l=5" and got["trust"].startswith("uncalibrated: 2")
@@ -180,10 +183,10 @@ def test_simscore_claim_reads_the_calibration_and_decides_only_with_enough_cuts(
     rows = ("model,predictor,trained_points,distinct_l,spearman,spearman_lo,spearman_hi,tolerance,recommended,trust\n"
             "m,untrained_kl,5,3,0.9,0.5,1.0,0.5,l=4,t\nm,simscore,5,3,-0.9,-1.0,-0.4,0.5,l=4,t\n")
     (tmp_path / "table_advisor_calibration.csv").write_text(rows)
-    row = evaluate(tmp_path, commit="x").set_index("id").loc["simscore-predicts-loss"]
+    row = evaluate(tmp_path, commit="x", registered_points=False).set_index("id").loc["simscore-predicts-loss"]
     assert row.status == PROVISIONAL and "fewer than 5 distinct trained cuts" in row.why and row.n_points == 1
     (tmp_path / "table_advisor_calibration.csv").write_text(rows.replace(",5,3,", ",6,5,"))
-    row = evaluate(tmp_path, commit="x").set_index("id").loc["simscore-predicts-loss"]
+    row = evaluate(tmp_path, commit="x", registered_points=False).set_index("id").loc["simscore-predicts-loss"]
     assert row.status == "decided" and row.verdict == "holds"
 
 

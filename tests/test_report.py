@@ -144,14 +144,26 @@ def test_the_page_leads_with_the_registered_claims():
 
     from analysis.claims import evaluate
 
-    registry = evaluate(Path(__file__).resolve().parents[1] / "reports", commit="abc")
-    page = render_html("T", claims({}), [], {"git commit": "abc"}, registry=registry)
-    assert page.index("by registered rules") < page.index("Earlier judgements")
-    assert f"{len(registry)} registered claims:" in page
+    from analysis import disagreements
+    from analysis.claims import load_registry
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    registry = evaluate(reports, commit="abc")
+    items = disagreements.rows(registry, load_registry(), reports)
+    page = render_html("T", claims({}), [], {"git commit": "abc"}, registry=registry,
+                       disagreements=disagreements.html_table(items),
+                       registration=disagreements.registration_summary(registry))
+    # the disagreements open the page, failing claims first, then every claim by its registered rule
+    assert page.index("Where the reproduction disagrees with the paper") < page.index("by its registered rule") \
+        < page.index("Earlier judgements")
+    assert [d["verdict"] for d in items] == sorted((d["verdict"] for d in items), key=lambda v: v != "does not hold")
+    assert {d["id"] for d in items} == set(registry[registry.verdict != "holds"].id)
+    assert f"{len(registry)} registered claims:" in page and "How the rules were written" in page
+    assert "83396b1" in page and "with data of theirs already measured" in page
     for cid in registry.id:
         assert f"<code>{cid}</code>" in page
     awaiting = int((registry.status == "awaiting").sum())
-    assert page.count("not measured yet") == awaiting > 0
+    assert page.count("not measured yet") == awaiting
 
 
 @pytest.mark.parametrize("profile", ["config/config.yaml", "config/ci.yaml"])

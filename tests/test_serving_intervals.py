@@ -99,16 +99,16 @@ def test_throughput_gain_is_decided_on_every_long_input_point_with_5_repeats(tmp
 
     monkeypatch.chdir(tmp_path)
     _commit_raw(tmp_path, "throughput", _throughput_rows(5, 1.5), VARIANTS)
-    row = evaluate(tmp_path / "reports").set_index("id").loc["throughput-gain"]
+    row = evaluate(tmp_path / "reports", registered_points=False).set_index("id").loc["throughput-gain"]
     assert (row.status, row.verdict, row.n_points) == (DECIDED, HOLDS, 2)  # 1024 and 2048 in; 512 is not a point
     assert "noise [" in row.points and "1024 tokens in" in row.points and "512 tokens in" not in row.points
     # fewer rounds than registered: estimates, no interval, not decided
     _commit_raw(tmp_path, "throughput", _throughput_rows(3, 1.5), VARIANTS)
-    row = evaluate(tmp_path / "reports").set_index("id").loc["throughput-gain"]
+    row = evaluate(tmp_path / "reports", registered_points=False).set_index("id").loc["throughput-gain"]
     assert (row.status, row.verdict) == (PROVISIONAL, UNCLEAR) and "fewer than 5 interleaved repeats" in row.why
     # a gain inside the noise floor cannot hold
     _commit_raw(tmp_path, "throughput", _throughput_rows(5, 1.02, noise=0.2), VARIANTS)
-    assert evaluate(tmp_path / "reports").set_index("id").loc["throughput-gain"].verdict == UNCLEAR
+    assert evaluate(tmp_path / "reports", registered_points=False).set_index("id").loc["throughput-gain"].verdict == UNCLEAR
 
 
 def test_latency_claims_use_every_rate_and_report_the_lowest_tpot_rate_apart(tmp_path, monkeypatch):
@@ -124,43 +124,72 @@ def test_latency_claims_use_every_rate_and_report_the_lowest_tpot_rate_apart(tmp
             rows.append({"variant": v, "request_rate": rate, "input_len": 512, "output_len": 32,
                          "ttft_ms": [x * t_gain for x in ttft], "tpot_ms": [x * p_gain for x in tpot]})
     _commit_raw(tmp_path, "latency", rows, VARIANTS)
-    frame = evaluate(tmp_path / "reports").set_index("id")
+    frame = evaluate(tmp_path / "reports", registered_points=False).set_index("id")
     assert (frame.loc["ttft-lower", "status"], frame.loc["ttft-lower", "verdict"]) == (DECIDED, HOLDS)
     assert frame.loc["ttft-lower", "n_points"] == 2
     tpot = frame.loc["tpot-lower"]
     assert (tpot.verdict, tpot.n_points) == (HOLDS, 1) and "0.1 req/s" in tpot.why and "not deciding" in tpot.why
     slower = [dict(r, tpot_ms=[x * 1.3 for x in r["tpot_ms"]]) if r["variant"] == "swiftkv-50" else r for r in rows]
     _commit_raw(tmp_path, "latency", slower, VARIANTS)
-    assert evaluate(tmp_path / "reports").set_index("id").loc["tpot-lower", "verdict"] == FAILS
+    assert evaluate(tmp_path / "reports", registered_points=False).set_index("id").loc["tpot-lower", "verdict"] == FAILS
 
 
-def test_memory_limit_and_sharegpt_claims_read_the_rounds_of_every_point(tmp_path, monkeypatch):
-    from analysis.claims import DECIDED, evaluate
-    from analysis.rules import HOLDS
-
-    monkeypatch.chdir(tmp_path)
-    variants = [*VARIANTS[:2], {"id": "swiftkv-50-acrosskv-3", "num_key_value_layers": 2, "key_value_group_size": 3}]
+def _memory_and_sharegpt(tmp_path, ratios=(0, 2, 5, 20, 100), drift: float = 0.0):
+    """kv-limit and sharegpt studies with 5 rounds and the base-again noise floor; ``drift``: how much the base
+    model's second measurement moves with the limit and the ratio (a noise floor the effect may not clear)."""
+    variants = [*VARIANTS, {"id": "swiftkv-50-acrosskv-3", "num_key_value_layers": 2, "key_value_group_size": 3}]
     rows = []
-    for limit, gain in ((29 * 2**20, 1.3), (186 * 2**20, 1.02)):  # AcrossKV fits more requests at the small limit
+    for k, (limit, gain) in enumerate(((29 * 2**20, 1.3), (186 * 2**20, 1.02))):  # AcrossKV fits more at 29 MiB
         swift = [150.0 + i for i in range(5)]
         rows += [{"variant": "swiftkv-50", "kv_limit_bytes": limit, "throughput_runs_tok_s": swift},
                  {"variant": "swiftkv-50-acrosskv-3", "kv_limit_bytes": limit,
                   "throughput_runs_tok_s": [s * (gain + 0.01 * (i % 2)) for i, s in enumerate(swift)]},
-                 {"variant": "base", "kv_limit_bytes": limit, "throughput_runs_tok_s": [100.0] * 5}]
+                 {"variant": "base", "kv_limit_bytes": limit, "throughput_runs_tok_s": [100.0] * 5},
+                 {"variant": "base-again", "kv_limit_bytes": limit,
+                  "throughput_runs_tok_s": [100.0 * (1 + drift * (1 - k) + 0.01 * (-1) ** i) for i in range(5)]}]
     _commit_raw(tmp_path, "kv-limit", rows, variants)
     sharegpt = []
-    for ratio, gain in ((0, 1.05), (2, 1.2), (20, 1.5), (100, 1.7)):
+    for k, ratio in enumerate(ratios):
         base = [80.0 + i for i in range(5)]
+        gain = 1.05 + 0.15 * k
         sharegpt += [{"variant": "base", "min_ratio": ratio, "throughput_runs_tok_s": base},
+                     {"variant": "base-again", "min_ratio": ratio,
+                      "throughput_runs_tok_s": [b * (1 + drift * k + 0.01 * (-1) ** i) for i, b in enumerate(base)]},
                      {"variant": "swiftkv-50", "min_ratio": ratio,
                       "throughput_runs_tok_s": [b * (gain + 0.02 * (i % 2)) for i, b in enumerate(base)]}]
-    _commit_raw(tmp_path, "sharegpt", sharegpt, VARIANTS[:2])
-    frame = evaluate(tmp_path / "reports").set_index("id")
+    _commit_raw(tmp_path, "sharegpt", sharegpt, VARIANTS)
+    from analysis.claims import evaluate
+
+    return evaluate(tmp_path / "reports", registered_points=False).set_index("id")
+
+
+def test_memory_limit_and_sharegpt_claims_read_the_rounds_of_every_point(tmp_path, monkeypatch):
+    from analysis.claims import DECIDED, PROVISIONAL
+    from analysis.rules import HOLDS, UNCLEAR
+
+    monkeypatch.chdir(tmp_path)
+    frame = _memory_and_sharegpt(tmp_path)
     mem = frame.loc["acrosskv-helps-under-memory-limits"]
     assert (mem.status, mem.verdict) == (DECIDED, HOLDS) and "29 vs 186 MiB (5 repeats)" in mem.points
-    assert mem.estimate == pytest.approx(0.28, abs=0.02)
+    assert mem.estimate == pytest.approx(0.28, abs=0.02) and "noise [" in mem.points
     trend = frame.loc["speedup-grows-with-input-output-ratio"]
     assert (trend.status, trend.verdict, trend.estimate) == (DECIDED, HOLDS, pytest.approx(1.0))
+    # three ratios: a rank correlation over 3 points takes 4 values; it is reported but cannot decide
+    (tmp_path / "few").mkdir()
+    monkeypatch.chdir(tmp_path / "few")
+    few = _memory_and_sharegpt(tmp_path / "few", ratios=(0, 2, 100)).loc["speedup-grows-with-input-output-ratio"]
+    assert (few.status, few.verdict) == (PROVISIONAL, UNCLEAR) and "(3 ratios, 5 repeats)" in few.points
+
+
+def test_memory_limit_and_sharegpt_effects_must_clear_their_noise_floor(tmp_path, monkeypatch):
+    """The planted violation: the base model measured twice drifts with the limit and the ratio as much as the
+    effect does; neither claim may hold on effects its own noise floor matches."""
+    from analysis.rules import HOLDS
+
+    monkeypatch.chdir(tmp_path)
+    frame = _memory_and_sharegpt(tmp_path, drift=0.3)
+    for cid in ("acrosskv-helps-under-memory-limits", "speedup-grows-with-input-output-ratio"):
+        assert frame.loc[cid, "verdict"] != HOLDS, cid
 
 
 def test_the_readme_serving_summary_is_generated_from_the_raw_folders(tmp_path, monkeypatch):
