@@ -7,6 +7,7 @@ a later run (seeds, budget scaling, serving repeats) but with points from single
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,20 @@ class Evidence:
 
 
 MIN_SEEDS = 3  # the registry's "seeds x examples" estimators need at least this many training seeds per trained row
+
+EVALUATORS: dict = {}  # claim id -> evaluator(reports) -> Evidence, filled by @evaluates where each is defined
+
+
+def evaluates(claim: str, **bound):
+    """Register the decorated function as the evaluator of the registry's claim ``claim`` (analysis/claims.yaml),
+    with ``bound`` keyword arguments (one function may judge several claims, e.g. every seeded comparison)."""
+    def register(fn):
+        if claim in EVALUATORS:
+            raise ValueError(f"claim {claim} has two evaluators")
+        EVALUATORS[claim] = functools.partial(fn, **bound) if bound else fn
+        return fn
+
+    return register
 
 
 class NoEvidence(Exception):
@@ -53,6 +68,10 @@ def num(value) -> float:
         return math.nan
 
 
+@evaluates("flops-table1", name="table1.csv", value="total", paper="paper_total",
+           label=lambda row: f"{row['model']} {row['setting']}")
+@evaluates("kv-memory-acrosskv", name="table_kv_memory.csv", value="kv_cache_reduction",
+           paper="paper_kv_cache_reduction", label=lambda row: f"{row['model']} g={row['key_value_group_size']}")
 def _exact_points(reports: Path, name: str, value: str, paper: str, label) -> Evidence:
     df, path = _csv(reports, name)
     rows = df[df[paper].notna()]
@@ -67,6 +86,7 @@ def _table_point(r, column: str, negate: bool, label: str) -> Point:
     return Point(label, est, lo, hi)
 
 
+@evaluates("fp8-costs-little", name="tableB1.csv", column="delta_ref", kv_cache="fp8")
 def _delta_points(reports: Path, name: str, column: str, kv_cache: str) -> Evidence:
     """Paired differences (and their 95% intervals) of every row of the table with this ``kv_cache`` against its
     reference row (Table B.1: each row's FP8 cache against its native one)."""
@@ -84,7 +104,19 @@ def _pair_label(model: str, variant: str, ref: str, negate: bool) -> str:
     return f"{model} {ref} vs {variant}" if negate else f"{model} {variant} vs {ref}"
 
 
-def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, column: str, table: str) -> Evidence:
+@evaluates("quality-loss-25", variants=["swiftkv-25"], ref="base", table="table2.csv", column="delta_base")
+@evaluates("quality-loss-50", variants=["swiftkv-50"], ref="base", table="table2.csv", column="delta_base")
+@evaluates("quality-cliff-beyond-50", variants=["swiftkv-62"], ref="swiftkv-50", table="table2.csv")
+@evaluates("acrosskv-costs-little", variants=["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"], ref="swiftkv-50",
+           table="table2.csv")
+@evaluates("kl-beats-lm-loss", variants=["swiftkv-50-lm"], ref="swiftkv-50", table="table4a.csv", negate=True)
+@evaluates("distillation-needed", variants=["swiftkv-50-nodistill"], ref="swiftkv-50", table="table4a.csv",
+           negate=True)
+@evaluates("partial-beats-full", variants=["swiftkv-50-full"], ref="swiftkv-50", table="table4b.csv", negate=True)
+@evaluates("acrosskv-beats-mqa", variants=["swiftkv-50-mqa-1"], ref="swiftkv-50-acrosskv-3", table="tableB2.csv",
+           negate=True)
+def _seeded_points(reports: Path, variants: list[str], ref: str, table: str, negate: bool = False,
+                   column: str = "delta_ref") -> Evidence:
     """Every variant's difference against ``ref`` (``delta_base``: against the base model): the pooled row of
     reports/seeds.csv, intervals over training seeds and examples, when the row and its reference have at least
     MIN_SEEDS training seeds; otherwise the best there is — the single run of ``table``, else the pooled row of fewer
@@ -135,11 +167,7 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, negate: bool, c
                     short="" if not short else f"fewer than {MIN_SEEDS} training seeds for " + "; ".join(short))
 
 
-def _seeded(variants: list[str], ref: str, table: str, negate: bool = False, column: str = "delta_ref"):
-    """An evaluator on the seeds study's pooled rows, with ``table``'s single runs where a row has too few seeds."""
-    return lambda r: _seeded_points(r, variants, ref, negate, column, table)
-
-
+@evaluates("simscore-half-depth")
 def _simscore(reports: Path) -> Evidence:
     df, path = _csv(reports, "simscore_crossings.csv")
     rows = df[df.metric == "cosine"]
@@ -182,6 +210,7 @@ def _interval_point(label: str, row, name: str, enough: bool) -> Point:
     return Point(label, num(row[name]), lo, hi, noise=(num(row[f"{name}_noise_lo"]), num(row[f"{name}_noise_hi"])))
 
 
+@evaluates("throughput-gain")
 def _throughput_gain(reports: Path) -> Evidence:
     """Per (engine, input length >= 1024): SwiftKV 50% over base, median of interleaved rounds' ratios."""
     from analysis.serving import speedup_intervals
@@ -206,30 +235,28 @@ def _rounds_evidence(points: list[Point], path: str, enough: bool, unit: str, no
                     short="" if enough else f"some {unit} have fewer than {MIN_REPEATS} interleaved repeats")
 
 
-def _latency(metric: str, skip_lowest: bool = False):
+@evaluates("ttft-lower", metric="ttft")
+@evaluates("tpot-lower", metric="tpot", skip_lowest=True)
+def _latency(reports: Path, metric: str, skip_lowest: bool = False) -> Evidence:
     """Per (engine, request rate): SwiftKV 50%'s median TTFT (or TPOT) over base's, on the same requests."""
+    from analysis.serving import latency_intervals
 
-    def evaluate(reports: Path) -> Evidence:
-        from analysis.serving import latency_intervals
-
-        df, path = _serving(reports, "latency")
-        rows = latency_intervals(df)
-        rows = rows[rows["variant"] == SWIFTKV].sort_values(["engine", "request_rate"])
-        if rows.empty:
-            raise NoEvidence(path, f"no {SWIFTKV} row in {path}")
-        enough = rows["n_requests_timed"].fillna(0) >= MIN_REQUESTS
-        points, note = [], []
-        for (_, r), ok in zip(rows.iterrows(), enough):
-            p = _interval_point(_engine_point(r, "request_rate", "req/s"), r, f"{metric}_ratio", ok)
-            lowest = r["request_rate"] == rows.loc[rows["engine"] == r["engine"], "request_rate"].min()
-            if skip_lowest and lowest:  # registered: reported, not deciding (the paper expects no change there)
-                note.append(f"{p.label}: {p.estimate:.4g} [{p.lo:.4g}, {p.hi:.4g}] (lowest rate, not deciding)")
-            else:
-                points.append(p)
-        return Evidence(points, [path], powered=bool(enough.all()), note="; ".join(note),
-                        short="" if enough.all() else f"some rates have fewer than {MIN_REQUESTS} requests")
-
-    return evaluate
+    df, path = _serving(reports, "latency")
+    rows = latency_intervals(df)
+    rows = rows[rows["variant"] == SWIFTKV].sort_values(["engine", "request_rate"])
+    if rows.empty:
+        raise NoEvidence(path, f"no {SWIFTKV} row in {path}")
+    enough = rows["n_requests_timed"].fillna(0) >= MIN_REQUESTS
+    points, note = [], []
+    for (_, r), ok in zip(rows.iterrows(), enough):
+        p = _interval_point(_engine_point(r, "request_rate", "req/s"), r, f"{metric}_ratio", ok)
+        lowest = r["request_rate"] == rows.loc[rows["engine"] == r["engine"], "request_rate"].min()
+        if skip_lowest and lowest:  # registered: reported, not deciding (the paper expects no change there)
+            note.append(f"{p.label}: {p.estimate:.4g} [{p.lo:.4g}, {p.hi:.4g}] (lowest rate, not deciding)")
+        else:
+            points.append(p)
+    return Evidence(points, [path], powered=bool(enough.all()), note="; ".join(note),
+                    short="" if enough.all() else f"some rates have fewer than {MIN_REQUESTS} requests")
 
 
 def _rounds(g, key: str) -> dict:
@@ -238,6 +265,7 @@ def _rounds(g, key: str) -> dict:
     return {(r[key], r["variant"]): r.get("throughput_runs_tok_s") for _, r in g.iterrows()}
 
 
+@evaluates("acrosskv-helps-under-memory-limits")
 def _memory_limits(reports: Path) -> Evidence:
     """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest, each the median
     of the rounds' ratios, the difference's interval by resampling each limit's rounds; its noise floor is the same
@@ -303,6 +331,7 @@ def _spearman_ci(filters: list, ratios: list, rng, resamples: int) -> tuple[floa
     return float(rho), float(lo), float(hi)
 
 
+@evaluates("speedup-grows-with-input-output-ratio")
 def _sharegpt_trend(reports: Path, resamples: int = 2000, seed: int = 0) -> Evidence:
     """Per engine: the Spearman correlation of the filter's minimum input/output ratio with the SwiftKV 50% speedup
     (each filter's median over rounds of the round's ratio); interval: rounds resampled within each filter; noise
@@ -356,6 +385,7 @@ def _sharegpt_trend_table(reports: Path) -> Evidence:
 MIN_DISTINCT_CUTS = 5  # registry: a model's rank correlation decides only with >= 5 distinct trained l
 
 
+@evaluates("simscore-predicts-loss")
 def _simscore_predicts_loss(reports: Path) -> Evidence:
     """Per advised model with trained rows: Spearman(SimScore at l, trained held-out KL) and its bootstrap interval
     (the advisor's calibration); decided only where every model has the registered number of distinct cuts."""
@@ -374,6 +404,7 @@ def _simscore_predicts_loss(reports: Path) -> Evidence:
 MIN_LONG_CONTEXT_CONVERSATIONS = 10  # registry: long-context-loss-flat decides only with this many conversations
 
 
+@evaluates("long-context-loss-flat")
 def _long_context_flat(reports: Path) -> Evidence:
     """Per SwiftKV variant: minus the growth of its loss gap to the base from the shortest to the longest context
     (so that the margin rule reads "grows by at most the margin")."""
@@ -393,6 +424,7 @@ def _long_context_flat(reports: Path) -> Evidence:
 MIN_FIDELITY_PROMPTS = 64  # registry: served-model-faithful reads 64 held-out prompts per configuration
 
 
+@evaluates("served-model-faithful")
 def _served_model_faithful(reports: Path) -> Evidence:
     """Per served configuration: the largest |log-prob difference| (deterministic: no interval); the other measures
     and their tolerances are reported in the note."""
@@ -410,75 +442,40 @@ def _served_model_faithful(reports: Path) -> Evidence:
                     short="" if enough else f"some configurations have fewer than {MIN_FIDELITY_PROMPTS} prompts")
 
 
-def _prefill_time(skips: tuple[float, ...], min_tokens: int):
+@evaluates("prefill-time-halved", skips=(0.5,), min_tokens=1024)
+@evaluates("prefill-time-full-scope", skips=(0.5, 0.75), min_tokens=0)
+def _prefill_time(reports: Path, skips: tuple[float, ...], min_tokens: int) -> Evidence:
     """Per (model, skipped fraction, prompt length >= ``min_tokens``): the student's prefill speedup over base, the
     median over the interleaved repeats of the same repeat's time ratio (interval: bootstrap over repeats), divided
     by the speedup the FLOPs predict (reports/raw/forward_time, rule bench_forward_time). Fewer than MIN_REPEATS
     repeats: no interval."""
+    import json
 
-    def evaluate(reports: Path) -> Evidence:
-        import json
+    from analysis.io import read_json
+    from analysis.raw import MANIFEST, raw_path
+    from analysis.stats import median_ci
+    from swiftkv.flops import layers_for_skip
 
-        from analysis.io import read_json
-        from analysis.raw import MANIFEST, raw_path
-        from analysis.stats import median_ci
-        from swiftkv.flops import layers_for_skip
-
-        root = reports / "raw" / "forward_time"
-        if not (root / MANIFEST).is_file():
-            raise NoEvidence(str(root), "reports/raw/forward_time is missing (rule raw_analysis)")
-        points = []
-        for meta in json.loads((root / MANIFEST).read_text())["files"].values():
-            data = read_json(raw_path(root, meta["source"]))
-            L, model = data["num_hidden_layers"], data.get("model", Path(meta["source"]).stem)
-            rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
-            for skip in skips:  # the benchmark's rows are named by l (swiftkv.bench.speed.kept_layers)
-                name = f"swiftkv-l{layers_for_skip(L, skip)}"
-                for tokens in sorted(t for v, t in rows if v == name and t >= min_tokens and ("base", t) in rows):
-                    base, row = rows[("base", tokens)], rows[(name, tokens)]
-                    ratios = [b / t for b, t in zip(base["times_s"], row["times_s"])]
-                    predicted = 1.0 / row["predicted_ratio"]
-                    est = median_ci(ratios)
-                    enough = len(ratios) >= MIN_REPEATS
-                    label = f"{model} {tokens} tokens" if len(skips) == 1 else f"{model} {skip:.0%} {tokens} tokens"
-                    points.append(Point(label, est.value / predicted, est.low / predicted if enough else math.nan,
-                                        est.high / predicted if enough else math.nan))
-        if not points:
-            raise NoEvidence(str(root), f"no SwiftKV row at a prompt of >= {min_tokens} tokens in "
-                             "reports/raw/forward_time")
-        return Evidence(points, [str(root / MANIFEST)])
-
-    return evaluate
-
-
-def _awaiting(what: str):
-    return lambda reports: Evidence([], [], what)
-
-
-EVALUATORS = {
-    "flops-table1": lambda r: _exact_points(r, "table1.csv", "total", "paper_total",
-                                            lambda row: f"{row['model']} {row['setting']}"),
-    "kv-memory-acrosskv": lambda r: _exact_points(r, "table_kv_memory.csv", "kv_cache_reduction",
-                                                  "paper_kv_cache_reduction",
-                                                  lambda row: f"{row['model']} g={row['key_value_group_size']}"),
-    "simscore-half-depth": _simscore,
-    "simscore-predicts-loss": _simscore_predicts_loss,
-    "served-model-faithful": _served_model_faithful,
-    "long-context-loss-flat": _long_context_flat,
-    "prefill-time-halved": _prefill_time((0.5,), 1024),
-    "prefill-time-full-scope": _prefill_time((0.5, 0.75), 0),
-    "quality-loss-25": _seeded(["swiftkv-25"], "base", "table2.csv", column="delta_base"),
-    "quality-loss-50": _seeded(["swiftkv-50"], "base", "table2.csv", column="delta_base"),
-    "quality-cliff-beyond-50": _seeded(["swiftkv-62"], "swiftkv-50", "table2.csv"),
-    "acrosskv-costs-little": _seeded(["swiftkv-50-acrosskv-3", "swiftkv-50-acrosskv-5"], "swiftkv-50", "table2.csv"),
-    "kl-beats-lm-loss": _seeded(["swiftkv-50-lm"], "swiftkv-50", "table4a.csv", negate=True),
-    "distillation-needed": _seeded(["swiftkv-50-nodistill"], "swiftkv-50", "table4a.csv", negate=True),
-    "partial-beats-full": _seeded(["swiftkv-50-full"], "swiftkv-50", "table4b.csv", negate=True),
-    "acrosskv-beats-mqa": _seeded(["swiftkv-50-mqa-1"], "swiftkv-50-acrosskv-3", "tableB2.csv", negate=True),
-    "fp8-costs-little": lambda r: _delta_points(r, "tableB1.csv", "delta_ref", kv_cache="fp8"),
-    "throughput-gain": _throughput_gain,
-    "ttft-lower": _latency("ttft"),
-    "tpot-lower": _latency("tpot", skip_lowest=True),
-    "acrosskv-helps-under-memory-limits": _memory_limits,
-    "speedup-grows-with-input-output-ratio": _sharegpt_trend,
-}
+    root = reports / "raw" / "forward_time"
+    if not (root / MANIFEST).is_file():
+        raise NoEvidence(str(root), "reports/raw/forward_time is missing (rule raw_analysis)")
+    points = []
+    for meta in json.loads((root / MANIFEST).read_text())["files"].values():
+        data = read_json(raw_path(root, meta["source"]))
+        L, model = data["num_hidden_layers"], data.get("model", Path(meta["source"]).stem)
+        rows = {(r["variant"], r["prefill_tokens"]): r for r in data["results"]}
+        for skip in skips:  # the benchmark's rows are named by l (swiftkv.bench.speed.kept_layers)
+            name = f"swiftkv-l{layers_for_skip(L, skip)}"
+            for tokens in sorted(t for v, t in rows if v == name and t >= min_tokens and ("base", t) in rows):
+                base, row = rows[("base", tokens)], rows[(name, tokens)]
+                ratios = [b / t for b, t in zip(base["times_s"], row["times_s"])]
+                predicted = 1.0 / row["predicted_ratio"]
+                est = median_ci(ratios)
+                enough = len(ratios) >= MIN_REPEATS
+                label = f"{model} {tokens} tokens" if len(skips) == 1 else f"{model} {skip:.0%} {tokens} tokens"
+                points.append(Point(label, est.value / predicted, est.low / predicted if enough else math.nan,
+                                    est.high / predicted if enough else math.nan))
+    if not points:
+        raise NoEvidence(str(root), f"no SwiftKV row at a prompt of >= {min_tokens} tokens in "
+                         "reports/raw/forward_time")
+    return Evidence(points, [str(root / MANIFEST)])

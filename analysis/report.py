@@ -1,7 +1,8 @@
 """The report page: every table and figure of a run beside the paper's numbers, the verdicts, provenance.
 
 ``render_html(...)`` writes one self-contained HTML file (figures embedded as data URIs, tables inline, no external
-requests); the verdicts it shows come from ``analysis.verdicts.claims``.
+requests); the verdicts it shows are the claims registry's (reports/claims.csv, ``analysis.claims``), opened by where
+the reproduction disagrees with the paper (``analysis.disagreements``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.verdicts import ABSENT, FAILS, HOLDS, Claim
+from analysis.rules import FAILS, HOLDS
+
+ABSENT = "not measured here"  # an artifact this profile does not build
 
 # -- HTML ----------------------------------------------------------------------------------------------------------
 
@@ -37,15 +40,6 @@ def _verdict_class(verdict: str) -> str:
     if verdict.startswith(HOLDS):
         return "v-holds"
     return "v-absent" if verdict == ABSENT else "v-unclear"
-
-
-def claims_html(items: list[Claim]) -> str:
-    rows = "".join(
-        f"<tr class='{_verdict_class(c.verdict)}'><td>{html.escape(c.claim)}</td><td>{html.escape(c.paper)}</td>"
-        f"<td>{html.escape(c.measured)}</td><td><b>{html.escape(c.verdict)}</b></td><td>{html.escape(c.evidence)}</td></tr>"
-        for c in items)
-    return ("<table class='claims'><tr><th>claim of the paper</th><th>paper</th><th>measured here (95% interval)</th>"
-            f"<th>verdict</th><th>evidence</th></tr>{rows}</table>")
 
 
 def registry_html(frame: pd.DataFrame) -> str:
@@ -241,31 +235,21 @@ def provenance_html(prov: dict) -> str:
     return f"<table class='claims'>{rows}</table>"
 
 
-def render_html(title: str, claim_items: list[Claim], sections: list[Section], provenance: dict, note: str = "",
-                registry: pd.DataFrame | None = None, disagreements: str = "", registration: str = "") -> str:
+def render_html(title: str, sections: list[Section], provenance: dict, registry: pd.DataFrame, note: str = "",
+                disagreements: str = "", registration: str = "") -> str:
     """The page. ``registry``: reports/claims.csv; ``disagreements``: the HTML of the section that opens the page
     (analysis.disagreements); ``registration``: how the rules were written (said under the title)."""
-    nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>"
-                   for s in sections)
-    counts = pd.Series([_verdict_class(c.verdict) for c in claim_items]).value_counts().to_dict()
-    summary = (f"{counts.get('v-holds', 0)} claims hold, {counts.get('v-fails', 0)} do not, "
-               f"{counts.get('v-unclear', 0)} cannot be told apart at this sample size, "
-               f"{counts.get('v-absent', 0)} are not measured in this profile.")
-    claims_part = f"<h2 id='claims'>The paper's claims</h2>{claims_html(claim_items)}"
-    if registry is not None:
-        summary = registry_summary(registry)
-        claims_part = (f"<h2 id='claims'>Every claim, by its registered rule</h2>{registry_html(registry)}"
-                       "<h2 id='posthoc'>Earlier judgements (rules chosen after the data; superseded by the table "
-                       f"above, kept for comparison)</h2>{claims_html(claim_items)}")
+    nav = " ".join(f"<a href='#{_anchor(s.title)}'>{html.escape(s.title)}</a>" for s in sections)
     first = (f"<h2 id='disagreements'>Where the reproduction disagrees with the paper</h2>{disagreements}"
              if disagreements else "")
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<p>{summary} Every number below is produced by the pipeline; the paper's numbers are kept as data in "
-            f"<code>analysis/paper/</code>.</p>" + (f"<p>{html.escape(registration)}</p>" if registration else "")
+            f"<p>{registry_summary(registry)} Every number below is produced by the pipeline; the paper's numbers are "
+            "kept as data in <code>analysis/paper/</code>.</p>"
+            + (f"<p>{html.escape(registration)}</p>" if registration else "")
             + (f"<p class='note'>{_inline(note)}</p>" if note else "")
             + f"<nav>{nav}</nav>"
             + first
-            + claims_part
+            + f"<h2 id='claims'>Every claim, by its registered rule</h2>{registry_html(registry)}"
             + "".join(s.html() for s in sections)
             + f"<h2 id='provenance'>Provenance</h2>{provenance_html(provenance)}</body></html>")

@@ -1,4 +1,4 @@
-"""The report page: verdicts from tables with known answers, Markdown tables, a self-contained page."""
+"""The report page: Markdown tables, a self-contained page led by the registered claims, provenance."""
 
 import re
 
@@ -6,118 +6,6 @@ import pandas as pd
 import pytest
 
 from analysis.report import Section, markdown_html, render_html
-from analysis.verdicts import (
-    ABSENT,
-    FAILS,
-    HOLDS,
-    UNCLEAR,
-    _pairwise,
-    claim_degradation,
-    claim_fp8,
-    claim_kv_limit,
-    claim_kv_memory,
-    claim_sharegpt_ratio,
-    claim_table1,
-    claim_tpot,
-    claim_ttft,
-    claims,
-)
-
-
-def _acc_row(variant, delta, lo, hi, kl=(0.5, 0.45, 0.55), kv_cache="native", skip=0.5, ref="swiftkv-50"):
-    return {"model": "m", "variant": variant, "kv_cache": kv_cache, "label": variant, "skip_fraction": skip,
-            "delta_ref": delta, "delta_ref_lo": lo, "delta_ref_hi": hi, "delta_ref_row": f"{ref} (native KV)",
-            "delta_base": delta, "delta_base_lo": lo, "delta_base_hi": hi,
-            "kl": kl[0], "kl_lo": kl[1], "kl_hi": kl[2]}
-
-
-def test_pairwise_verdicts_follow_the_interval(tmp_path):
-    path = tmp_path / "t.csv"
-    ref = _acc_row("swiftkv-50", float("nan"), float("nan"), float("nan"))
-    cases = {(-5.0, -8.0, -2.0): HOLDS, (4.0, 1.0, 7.0): FAILS, (-1.0, -4.0, 2.0): UNCLEAR}
-    for (d, lo, hi), expected in cases.items():
-        pd.DataFrame([ref, _acc_row("swiftkv-50-lm", d, lo, hi)]).to_csv(path, index=False)
-        assert _pairwise("c", "p", path, "swiftkv-50-lm", True, "e").verdict == expected
-    # accuracy cannot tell, but the KL intervals separate: the verdict says which measure decided
-    pd.DataFrame([ref, _acc_row("swiftkv-50-lm", -1.0, -4.0, 2.0, kl=(0.9, 0.8, 1.0))]).to_csv(path, index=False)
-    verdict = _pairwise("c", "p", path, "swiftkv-50-lm", True, "e").verdict
-    assert verdict.startswith(HOLDS) and "fidelity" in verdict
-    assert _pairwise("c", "p", tmp_path / "missing.csv", "x", True, "e").verdict == ABSENT
-
-
-def test_degradation_and_fp8(tmp_path):
-    rows = [_acc_row("swiftkv-25", -1.0, -2.0, 0.5, kl=(0.2, 0.18, 0.22), skip=0.25),
-            _acc_row("swiftkv-62", -6.0, -9.0, -3.0, kl=(0.9, 0.8, 1.0), skip=0.625)]
-    pd.DataFrame(rows).to_csv(tmp_path / "t2.csv", index=False)
-    assert claim_degradation(tmp_path / "t2.csv").verdict == HOLDS
-    rows[1].update(kl=0.1, kl_lo=0.05, kl_hi=0.15)
-    pd.DataFrame(rows).to_csv(tmp_path / "t2.csv", index=False)
-    assert claim_degradation(tmp_path / "t2.csv").verdict == FAILS
-    fp8 = [_acc_row("swiftkv-50", 0.2, -0.5, 0.8, kv_cache="fp8")]
-    pd.DataFrame(fp8).to_csv(tmp_path / "b1.csv", index=False)
-    assert claim_fp8(tmp_path / "b1.csv").verdict == HOLDS
-    fp8[0].update(delta_ref_lo=-6.0, delta_ref_hi=2.0)
-    pd.DataFrame(fp8).to_csv(tmp_path / "b1.csv", index=False)
-    assert claim_fp8(tmp_path / "b1.csv").verdict == UNCLEAR
-
-
-def test_deterministic_claims_compare_with_the_paper(tmp_path):
-    t1 = pd.DataFrame({"model": ["llama-3.1-70b"] * 2 + ["tiny"], "total": [302.2, 154.4, 1.0],
-                       "paper_total": [302, 154, None]})
-    t1.to_csv(tmp_path / "t1.csv", index=False)
-    assert claim_table1(tmp_path / "t1.csv").verdict == HOLDS
-    t1.loc[1, "total"] = 170.0
-    t1.to_csv(tmp_path / "t1.csv", index=False)
-    assert claim_table1(tmp_path / "t1.csv").verdict == FAILS
-    kv = pd.DataFrame({"kv_cache_reduction": [25.0], "kv_cache_reduction_fp8": [62.5],
-                       "paper_kv_cache_reduction": [25.0], "paper_kv_cache_reduction_fp8": [62.5]})
-    kv.to_csv(tmp_path / "kv.csv", index=False)
-    assert claim_kv_memory(tmp_path / "kv.csv").verdict == HOLDS
-
-
-def _latency(ttft, tpot, p90_ttft):
-    """Latency rows of one engine: base / SwiftKV 50% medians (ms) at rates 0.1 and 0.4."""
-    rows = []
-    for i, rate in enumerate((0.1, 0.4)):
-        for variant, t, p, p90 in (("base", 1000.0, 100.0, 1100.0), ("swiftkv-50", ttft[i], tpot[i], p90_ttft)):
-            rows.append({"study": "latency", "status": "measured", "engine_label": "vLLM", "hardware": "cpu",
-                         "variant": variant, "request_rate": rate, "input_len": 512, "median_ttft_ms": t,
-                         "p90_ttft_ms": p90, "median_tpot_ms": p, "p90_tpot_ms": p * 1.05})
-    return pd.DataFrame(rows)
-
-
-def test_latency_claims_read_the_right_rate_and_need_a_clear_gap():
-    # TTFT is judged at the lowest rate (600 ms), TPOT at the rate with the largest cut (0.4: 100 → 50 ms)
-    df = _latency(ttft=(600.0, 990.0), tpot=(99.0, 50.0), p90_ttft=700.0)
-    assert claim_ttft(df).verdict == HOLDS and "1.000 → 0.600 s" in claim_ttft(df).measured
-    assert claim_tpot(df).verdict == HOLDS and "0.4 req/s" in claim_tpot(df).measured
-    # a 40% cut whose SwiftKV p90 reaches past the base median cannot tell; a 5% cut does not hold
-    assert claim_ttft(_latency((600.0, 600.0), (99.0, 99.0), p90_ttft=1200.0)).verdict == UNCLEAR
-    assert claim_ttft(_latency((950.0, 950.0), (99.0, 99.0), p90_ttft=1000.0)).verdict == FAILS
-    assert claim_tpot(_latency((600.0, 600.0), (95.0, 98.0), p90_ttft=700.0)).verdict == FAILS
-    assert claim_ttft(None).verdict == ABSENT and claim_tpot(pd.DataFrame()).verdict == ABSENT
-
-
-def test_serving_table_claims(tmp_path):
-    def t3(ratios):
-        rows = []
-        for mib, r in zip((29, 51, 186), ratios):
-            rows += [{"source": "vLLM · cpu · m", "engine": "vllm", "kv_limit": f"{mib} MiB KV cache", "variant": v,
-                      "throughput_tok_s": x, "status": "measured"}
-                     for v, x in (("base", 80.0), ("swiftkv-50", 100.0), ("swiftkv-50-acrosskv-3", 100.0 * r))]
-        return pd.DataFrame(rows)
-
-    for ratios, expected in (((1.0, 1.2, 1.0), HOLDS), ((1.0, 1.02, 1.0), FAILS), ((1.2, 1.2, 1.2), UNCLEAR)):
-        t3(ratios).to_csv(tmp_path / "t3.csv", index=False)
-        assert claim_kv_limit(tmp_path / "t3.csv").verdict == expected
-    a3 = pd.DataFrame({"source": "vLLM · cpu · m", "engine": "vllm", "variant": "swiftkv-50", "status": "measured",
-                       "mean_ratio": [150.0, 2.5, 10.0], "speedup": [1.6, 1.1, 1.3]})
-    a3.to_csv(tmp_path / "a3.csv", index=False)
-    claim = claim_sharegpt_ratio(tmp_path / "a3.csv")
-    assert claim.verdict == HOLDS and "1.10× → 1.30× → 1.60×" in claim.measured
-    a3.assign(speedup=[1.0, 1.1, 1.3]).to_csv(tmp_path / "a3.csv", index=False)
-    assert claim_sharegpt_ratio(tmp_path / "a3.csv").verdict == FAILS
-    assert claim_sharegpt_ratio(tmp_path / "none.csv").verdict == ABSENT
 
 
 def test_markdown_tables_and_a_self_contained_page(tmp_path):
@@ -131,12 +19,16 @@ def test_markdown_tables_and_a_self_contained_page(tmp_path):
     ax.plot([0, 1])
     fig.savefig(tmp_path / "f.png")
     pd.DataFrame({"a": [1.0], "b": ["x"]}).to_csv(tmp_path / "t.csv", index=False)
-    page = render_html("T", claims({}), [Section("Fig", str(tmp_path / "f.png"), "cap ``x``"),
-                                         Section("Tab", str(tmp_path / "t.csv")),
-                                         Section("Gone", str(tmp_path / "none.csv"))], {"git commit": "abc"})
+    from pathlib import Path
+
+    from analysis.claims import evaluate
+    from analysis.report import ABSENT
+
+    registry = evaluate(Path(__file__).resolve().parents[1] / "reports", commit="abc")
+    page = render_html("T", [Section("Fig", str(tmp_path / "f.png"), "cap ``x``"), Section("Tab", str(tmp_path / "t.csv")),
+                             Section("Gone", str(tmp_path / "none.csv"))], {"git commit": "abc"}, registry)
     assert "data:image/png;base64," in page and "<code>x</code>" in page and ABSENT in page
     assert not re.search(r"(src|href)=['\"]https?:", page)  # nothing fetched from elsewhere
-    assert page.count("<tr class='v-absent'>") == len(claims({}))
 
 
 def test_the_page_leads_with_the_registered_claims():
@@ -150,12 +42,11 @@ def test_the_page_leads_with_the_registered_claims():
     reports = Path(__file__).resolve().parents[1] / "reports"
     registry = evaluate(reports, commit="abc")
     items = disagreements.rows(registry, load_registry(), reports)
-    page = render_html("T", claims({}), [], {"git commit": "abc"}, registry=registry,
-                       disagreements=disagreements.html_table(items),
+    page = render_html("T", [], {"git commit": "abc"}, registry, disagreements=disagreements.html_table(items),
                        registration=disagreements.registration_summary(registry))
-    # the disagreements open the page, failing claims first, then every claim by its registered rule
-    assert page.index("Where the reproduction disagrees with the paper") < page.index("by its registered rule") \
-        < page.index("Earlier judgements")
+    # the disagreements open the page, failing claims first, then every claim by its registered rule (one table)
+    assert page.index("Where the reproduction disagrees with the paper") < page.index("by its registered rule")
+    assert "Earlier judgements" not in page and page.count("<table class='claims'>") == 3  # + provenance
     assert [d["verdict"] for d in items] == sorted((d["verdict"] for d in items), key=lambda v: v != "does not hold")
     assert {d["id"] for d in items} == set(registry[registry.verdict != "holds"].id)
     assert f"{len(registry)} registered claims:" in page and "How the rules were written" in page
@@ -284,18 +175,6 @@ def test_git_commit_is_dirty_for_code_changes_not_for_rewritten_reports(tmp_path
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "+dirty"
     assert git_commit(tmp_path / "not-a-repo") == "unknown"
-
-
-def test_paper_numbers_on_the_page_come_from_the_paper_tables():
-    paper = {c.claim.rsplit(" (", 1)[0]: c.paper for c in claims({})}
-    degrade = "73.71 (base) → 73.59 (25%) → 72.70 (50%) → 66.09 (62.5%)"
-    assert degrade in paper["Quality degrades as more layers are skipped"]
-    assert paper["KL to the teacher beats the LM loss"].startswith("LM loss 70.06 vs KL 72.70")
-    partial = paper["Training only W_QKV of later layers beats training them fully"]
-    assert partial.startswith("full 68.23 vs partial 72.70")
-    assert paper["AcrossKV beats MQA at an equal KV budget"].startswith("MQA 54.13 vs 4-way AcrossKV 71.49")
-    assert "-0.40 (SwiftKV 50%)" in paper["FP8 KV-cache quantisation after training costs little accuracy"]
-    assert "302 → 228 → 154 → 153 GFLOPs" in paper["Prefill FLOPs per token fall as (L-l)/L of the layer work"]
 
 
 def test_accuracy_tables_on_the_page_show_the_comparison_before_the_tasks():

