@@ -93,10 +93,14 @@ def test_cached_step_equals_the_shared_prefix_step(cache_dir, loss, scope, l, g)
         value.backward()
         losses.append(value.detach())
         grads.append({n: p.grad.clone() for n, p in pair.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+    # Equal up to fp32 rounding: bit-equal on the Xeon machines; on AVX2-only AMD EPYC the teacher's layers batched
+    # differently round differently (gradients off by up to ~2e-6 of their largest element). A wrong cache entry (another
+    # layer, another row) differs at the scale of the gradients themselves.
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
-        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0)
+        scale = float(grads[0][name].abs().max())
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-5 * scale)
 
 
 @pytest.mark.parametrize("extra", [{}, {"loss": "kl+hidden", "num_key_value_layers": 2}, {"scope": "full"},
