@@ -117,6 +117,9 @@ def check_swiftkv_weights(path: Path, model_class, config) -> None:
             "re-create it (swiftkv convert / distill) or restore its files")
 
 
+FINGERPRINT_ROWS = 64  # rows of each tensor compared: enough to tell models apart, cheap for any size
+
+
 def frozen_fingerprint_names(config: dict) -> list[str] | None:
     """Name prefixes of the few tensors that identify a SwiftKV student's teacher: the embedding and the first and
     last of the layers below l, which distillation never changes (None for a model that is not a SwiftKV
@@ -127,17 +130,21 @@ def frozen_fingerprint_names(config: dict) -> list[str] | None:
     return ["model.embed_tokens.", "model.layers.0.", f"model.layers.{l - 1}."]
 
 
-def _read_tensors(path: Path, prefixes: list[str]) -> dict:
-    """The tensors of a local safetensors checkpoint whose names start with one of ``prefixes`` (SwiftKV ones left
-    out), read lazily from the files."""
+def _fingerprint_of(name: str, prefixes: list[str]) -> bool:
+    return name.startswith(tuple(prefixes)) and "_swiftkv" not in name
+
+
+def _read_fingerprint(path: Path, prefixes: list[str]) -> dict:
+    """The first ``FINGERPRINT_ROWS`` rows of the tensors of a local safetensors checkpoint whose names start with one
+    of ``prefixes`` (SwiftKV ones left out), read lazily from the files."""
     from safetensors import safe_open
 
     out = {}
     for weights in sorted(path.glob("*.safetensors")):
         with safe_open(str(weights), framework="pt") as f:
             for key in f.keys():
-                if key.startswith(tuple(prefixes)) and "_swiftkv" not in key:
-                    out[key] = f.get_tensor(key)
+                if _fingerprint_of(key, prefixes):
+                    out[key] = f.get_slice(key)[:FINGERPRINT_ROWS]
     return out
 
 
@@ -152,46 +159,43 @@ def same_frozen_weights(student: dict, teacher: dict) -> tuple[bool, str]:
     return bool(shared), shared[0] if shared else ""
 
 
-def check_base_model(name: str, base: str, resources: str | os.PathLike | None = None) -> None:
-    """One line, before any model is loaded, when ``base`` cannot be the teacher of ``name``: another vocabulary, or
-    (``name`` a SwiftKV checkpoint) other weights below l than the student's frozen ones. Local models only; a hub id
-    is checked once loaded (``check_base_loaded``)."""
-    student, teacher = local_config(name, resources), local_config(base, resources)
-    if student is None or teacher is None:
-        return
-    if student.get("vocab_size") != teacher.get("vocab_size"):
-        raise SwiftKVError(f"--base {base} has a vocabulary of {teacher.get('vocab_size')} tokens and {name} one of "
+def _check_base(name: str, base: str, student: dict, base_vocab, fingerprints) -> None:
+    """``base`` must have ``name``'s vocabulary and, for a SwiftKV student, its frozen weights: ``fingerprints(prefixes)``
+    gives (student's, base's) tensors."""
+    if student.get("vocab_size") != base_vocab:
+        raise SwiftKVError(f"--base {base} has a vocabulary of {base_vocab} tokens and {name} one of "
                            f"{student.get('vocab_size')}: it cannot be its teacher; give the base model {name} was "
                            "converted from")
     prefixes = frozen_fingerprint_names(student)
     if prefixes is None:
         return
-    same, key = same_frozen_weights(_read_tensors(Path(resolve_model(name, resources)), prefixes),
-                                    _read_tensors(Path(resolve_model(base, resources)), prefixes))
+    same, key = same_frozen_weights(*fingerprints(prefixes))
     if not same and key:
         raise SwiftKVError(f"--base {base} is not the model {name} was made from: its {key} differs from the "
                            f"student's, which distillation never changes (layers below l="
                            f"{student['num_key_value_layers']}); give the base model it was converted from")
 
 
+def check_base_model(name: str, base: str, resources: str | os.PathLike | None = None) -> None:
+    """One line, before any model is loaded, when ``base`` cannot be the teacher of ``name``: another vocabulary, or
+    (``name`` a SwiftKV checkpoint) other weights below l than the student's frozen ones, compared on a few rows of a
+    few tensors read from the files. Local models only; a hub id is checked once loaded (``check_base_loaded``)."""
+    student, teacher = local_config(name, resources), local_config(base, resources)
+    if student is None or teacher is None:
+        return
+    _check_base(name, base, student, teacher.get("vocab_size"),
+                lambda prefixes: (_read_fingerprint(Path(resolve_model(name, resources)), prefixes),
+                                  _read_fingerprint(Path(resolve_model(base, resources)), prefixes)))
+
+
 def check_base_loaded(model, teacher, name: str, base: str) -> None:
     """``check_base_model`` on loaded models (for hub ids, known only once loaded)."""
-    if model.config.vocab_size != teacher.config.vocab_size:
-        raise SwiftKVError(f"--base {base} has a vocabulary of {teacher.config.vocab_size} tokens and {name} one of "
-                           f"{model.config.vocab_size}: it cannot be its teacher; give the base model {name} was "
-                           "converted from")
-    prefixes = frozen_fingerprint_names(model.config.to_dict())
-    if prefixes is None:
-        return
 
-    def pick(m) -> dict:
-        return {k: v for k, v in m.state_dict().items() if k.startswith(tuple(prefixes)) and "_swiftkv" not in k}
+    def rows(m, prefixes) -> dict:
+        return {k: v[:FINGERPRINT_ROWS] for k, v in m.state_dict().items() if _fingerprint_of(k, prefixes)}
 
-    same, key = same_frozen_weights(pick(model), pick(teacher))
-    if not same and key:
-        raise SwiftKVError(f"--base {base} is not the model {name} was made from: its {key} differs from the "
-                           f"student's, which distillation never changes (layers below l="
-                           f"{model.config.num_key_value_layers}); give the base model it was converted from")
+    _check_base(name, base, model.config.to_dict(), teacher.config.vocab_size,
+                lambda prefixes: (rows(model, prefixes), rows(teacher, prefixes)))
 
 
 def local_config(name: str, resources: str | os.PathLike | None = None) -> dict | None:

@@ -480,3 +480,18 @@ def test_convert_and_export_of_a_tokenizer_less_checkpoint_say_so_in_one_line(ma
     for out in ("student", "served"):
         assert (tmp_path / out / "model.safetensors").is_file()
         assert not any((tmp_path / out / f).exists() for f in TOKENIZER_FILES)
+
+
+def test_base_check_accepts_the_students_own_base_in_any_precision(material, tmp_path):
+    """The --base check refuses other models (CASES), not the real teacher: a distilled student saved in bfloat16
+    (mixed-precision training) against its float32 base, and a student of another l and g."""
+    import torch
+
+    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.loading import check_base_loaded, check_base_model
+
+    student = convert_to_swiftkv(tiny_base(), 3, 1).to(torch.bfloat16)
+    student.save_pretrained(tmp_path / "bf16")
+    check_base_model(str(tmp_path / "bf16"), str(material / "plain"))
+    check_base_model(str(material / "student"), str(material / "plain"))
+    check_base_loaded(student, tiny_base(), "bf16", "plain")
