@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swiftkv.distill import DistillSettings, train
-from swiftkv.distill.guards import DivergenceGuard, Diverged
+from swiftkv.distill.guards import Diverged, DivergenceGuard
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
 
