@@ -56,12 +56,14 @@ def init_swiftkv_config_fields(config) -> None:
         config.key_value_group_size = 1
 
 
-def transformers4_config_keys(config_dict: dict) -> dict:
+def transformers4_config_keys(config_dict: dict, scaling_type_key: bool = False) -> dict:
     """The keys transformers 4.x reads for what a 5.x config dict holds in ``rope_parameters`` and ``dtype``.
 
     - ``rope_theta``: the base frequency (4.x defaults to 10000 without it);
     - ``rope_scaling``: ``None`` for plain RoPE, else ``rope_parameters`` without ``rope_theta`` (4.x's form, e.g.
-      ``{"rope_type": "llama3", "factor": 8.0, ...}``), which 5.x merges back with ``rope_theta`` on load;
+      ``{"rope_type": "llama3", "factor": 8.0, ...}``), which 5.x merges back with ``rope_theta`` on load; with
+      ``scaling_type_key`` also ``type`` (= ``rope_type``), the older name that DeepSeek-V2's 4.x-era model code
+      (its hub code, which Snowflake's ``deepseek_v2_swiftkv`` builds on) reads;
     - ``torch_dtype``: the name 4.x before 4.56 reads for ``dtype``.
 
     RoPE parameters nested per layer type have no 4.x form and are left out (none of our families has them).
@@ -72,6 +74,8 @@ def transformers4_config_keys(config_dict: dict) -> dict:
         keys["rope_theta"] = rope["rope_theta"]
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         keys["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+        if keys["rope_scaling"] and scaling_type_key:
+            keys["rope_scaling"].setdefault("type", scaling["rope_type"])
     if config_dict.get("dtype") is not None:
         keys["torch_dtype"] = config_dict["dtype"]
     return keys
@@ -109,16 +113,22 @@ class SwiftKVConfigMixin:
         cls.__annotations__ = annotations
         super().__init_subclass__(**kwargs)  # transformers makes the class a dataclass here, with these fields
 
+    # whether config.json's rope_scaling also names its type the 4.x-era way (``type``), for the family's old code
+    ROPE_SCALING_TYPE_KEY = False
+
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         init_swiftkv_config_fields(self)
         validate_swiftkv_config(self)
+        rope = getattr(self, "rope_parameters", None)
+        if isinstance(rope, dict) and "type" in rope and rope.get("type") == rope.get("rope_type"):
+            del rope["type"]  # the 4.x alias lives in config.json only: the in-memory view stays 5.x's
 
     def to_json_string(self, use_diff: bool = True) -> str:
         config = json.loads(super().to_json_string(use_diff=use_diff))
         if config.get("swiftkv_key_value_heads") is None:  # Snowflake's format has no such key: only an MQA student
             config.pop("swiftkv_key_value_heads", None)
-        config.update(transformers4_config_keys(config))
+        config.update(transformers4_config_keys(config, self.ROPE_SCALING_TYPE_KEY))
         return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
@@ -140,6 +150,7 @@ class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
 
 class DeepseekV2SwiftKVConfig(SwiftKVConfigMixin, DeepseekV2Config):
     model_type = "deepseek_v2_swiftkv"
+    ROPE_SCALING_TYPE_KEY = True  # DeepSeek-V2's hub model code (and Snowflake's on top of it) reads rope_scaling["type"]
 
 
 SWIFTKV_CONFIGS: tuple[type, ...] = (LlamaSwiftKVConfig, MistralSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig,

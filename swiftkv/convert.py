@@ -64,6 +64,11 @@ def convert_to_swiftkv(
 
     Only ``norm_swiftkv`` and the ``*_swiftkv`` projections require grad afterwards.
     """
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        hint = f"load it first: model, tokenizer = swiftkv.loading.load_model({model!r}); " if isinstance(
+            model, str) else ""
+        raise SwiftKVError(f"convert_to_swiftkv takes a loaded transformers model, not a {type(model).__name__}; "
+                           f"{hint}then convert_to_swiftkv(model, l, g)")
     l, g = num_key_value_layers, key_value_group_size
     if key_value_heads is not None and getattr(model.config, "kv_lora_rank", None):
         raise SwiftKVError("an MQA-style student (fewer KV heads) is not defined for latent attention (DeepSeek-V2), "
@@ -253,16 +258,19 @@ def _set_by_name(root: nn.Module, dotted: str, buf: torch.Tensor) -> None:
 
 
 def save_model_dir(model, tokenizer, output, files: dict | None = None, overwrite: bool = False,
-                   what: str = "checkpoint") -> None:
+                   what: str = "checkpoint", inputs=()) -> None:
     """``save_pretrained`` (Snowflake's format for SwiftKV models) + tokenizer + extra ``files`` (name -> text or
-    a Path to copy) as one atomic directory write (``swiftkv.io.atomic_dir``: refuses a directory it did not write
-    unless ``overwrite``). ``model`` or ``tokenizer`` None: not written."""
+    a Path to copy) as one atomic directory write (``swiftkv.io.atomic_dir``: refuses a directory it did not write,
+    or another kind of output, unless ``overwrite``, and never writes over ``inputs`` or the directory ``model`` was
+    loaded from). ``model`` or ``tokenizer`` None: not written."""
     import shutil
     from pathlib import Path
 
     from swiftkv.io import atomic_dir
 
-    with atomic_dir(output, overwrite=overwrite, what=what) as tmp:
+    source = getattr(model, "name_or_path", None) if model is not None else None
+    inputs = [*inputs, *([source] if isinstance(source, str) and source and Path(source).is_dir() else [])]
+    with atomic_dir(output, overwrite=overwrite, what=what, inputs=inputs) as tmp:
         if model is not None:
             model.save_pretrained(tmp)
         if tokenizer is not None:

@@ -6,3 +6,10 @@ class SwiftKVError(ValueError):
 
     The CLI prints ``error: <message>`` and exits with status 2 instead of a traceback.
     """
+
+
+class RunFailed(SwiftKVError):
+    """A run that started and failed (a diverged distillation): the CLI prints its one line and exits with status 1,
+    the status of a failed run, not of a usage error."""
+
+    exit_status = 1

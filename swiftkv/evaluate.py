@@ -316,6 +316,16 @@ def tasks_from_manifest(manifest: dict, split: str) -> list[TaskSpec]:
     return [TaskSpec(name=entry["splits"][split]["task"]) for _, entry in sorted(manifest["tasks"].items())]
 
 
+def _read_json(path: str | Path, option: str):
+    """A JSON file a command reads, or one line saying why it cannot."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SwiftKVError(f"{option} {path} does not exist") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SwiftKVError(f"{option} {path} is not valid JSON ({err}); fix or re-create the file") from None
+
+
 def collect_tasks(tasks_json: str | Path | None = None, bigbench_manifest: str | Path | None = None,
                   bigbench_split: str = "report", names: list[str] = (), include_paths: list[str | Path] = (),
                   limit: int | None = None) -> tuple[list[TaskSpec], list[str | Path]]:
@@ -324,12 +334,21 @@ def collect_tasks(tasks_json: str | Path | None = None, bigbench_manifest: str |
     tasks by name; ``limit`` caps the examples of every task that has no limit of its own."""
     tasks, include = [], list(include_paths)
     if tasks_json:
-        spec = json.loads(Path(tasks_json).read_text())
-        tasks += [TaskSpec.parse(t) for t in (spec["tasks"] if isinstance(spec, dict) else spec)]
+        spec = _read_json(tasks_json, "--tasks-json")
+        entries = spec.get("tasks") if isinstance(spec, dict) else spec
+        if not isinstance(entries, list) or not all(isinstance(t, str) or (isinstance(t, dict) and "name" in t)
+                                                    for t in entries):
+            raise SwiftKVError(f"--tasks-json {tasks_json}: expected a list of task names or objects with a 'name' "
+                               '(or {"tasks": [...]}), e.g. [{"name": "arc_easy", "num_fewshot": 0}]')
+        tasks += [TaskSpec.parse(t) for t in entries]
     if bigbench_manifest:
-        manifest = json.loads(Path(bigbench_manifest).read_text())
-        tasks += tasks_from_manifest(manifest, bigbench_split)
-        include.append(manifest["splits"][bigbench_split])
+        manifest = _read_json(bigbench_manifest, "--bigbench-manifest")
+        try:
+            tasks += tasks_from_manifest(manifest, bigbench_split)
+            include.append(manifest["splits"][bigbench_split])
+        except (KeyError, TypeError, AttributeError) as err:
+            raise SwiftKVError(f"--bigbench-manifest {bigbench_manifest} is not a manifest of `swiftkv bigbench "
+                               f"build` (no {err}); build it again") from None
     tasks += [TaskSpec(name=name) for name in names]
     if limit:
         for t in tasks:

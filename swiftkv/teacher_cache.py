@@ -122,6 +122,8 @@ class TeacherCache:
             self.build = meta.get("build", {})
             np_dtype, self.torch_dtype = STORAGE_DTYPES[self.key.dtype]
             self.splits = {name: self._open_split(name, meta["splits"][name], np_dtype) for name in ("train", "heldout")}
+        except SwiftKVError:
+            raise  # an array that is missing, of the wrong size or not finite: its own line
         except (KeyError, TypeError, ValueError) as err:
             raise SwiftKVError(f"{meta_path} is damaged ({err!r}); build the cache again") from None
 
@@ -139,6 +141,10 @@ class TeacherCache:
                 raise SwiftKVError(f"{path} is {'missing' if size < 0 else f'{size} bytes, not {expected}'}: the "
                                    "cache is incomplete or damaged; build it again")
             stream.arrays[array] = np.memmap(path, dtype=np_dtype, mode="r", shape=(n, self.hidden_size))
+            row = first_non_finite(stream.arrays[array])
+            if row is not None:
+                raise SwiftKVError(f"{path} holds non-finite values (token row {row}): the cache is damaged and "
+                                   "would train a NaN student; build it again (swiftkv teacher-cache)")
         return stream
 
     def check(self, *, model: str, data: str, seed: int, max_length: int, tokens: int, heldout_tokens: int,
@@ -181,6 +187,21 @@ class TeacherCache:
                 values = values.view(torch.bfloat16)
             out[b, : len(index)] = values.to(dtype)
         return out
+
+
+def first_non_finite(array: np.ndarray, rows: int = 1 << 14) -> int | None:
+    """The first row of a stored array (float32, or bfloat16 kept as uint16) holding a NaN or an infinity, or None;
+    read in blocks of ``rows`` (a cache is read once when it is opened: a few hundred MB per second of opening)."""
+    for start in range(0, array.shape[0], rows):
+        block = np.asarray(array[start: start + rows])
+        if block.dtype == np.uint16:  # bfloat16: all exponent bits set = infinity or NaN
+            bad = (block & 0x7F80) == 0x7F80
+        else:
+            bad = ~np.isfinite(block)
+        hits = np.flatnonzero(bad.any(axis=1))
+        if hits.size:
+            return start + int(hits[0])
+    return None
 
 
 @torch.no_grad()
@@ -273,6 +294,10 @@ def build_teacher_cache(
                 for pack in bar:
                     batch = collate_packs([pack], pad_id)  # one pack per forward, as the trainer's steps run
                     values = teacher_states(inner, batch["input_ids"], batch["position_ids"], stored)
+                    if not all(bool(torch.isfinite(v).all()) for v in values.values()):
+                        raise SwiftKVError(f"the teacher produced non-finite hidden states ({split} pack at token row "
+                                           f"{row}): its weights are damaged or {base_model.dtype} overflows; check "
+                                           "the base model (or build the cache in float32)")
                     for a, v in values.items():
                         v = v[0, : len(pack)].to(torch_dtype).contiguous()
                         files[a][row: row + len(pack)] = (v.view(torch.uint16) if torch_dtype == torch.bfloat16

@@ -13,12 +13,21 @@ from pathlib import Path
 
 from swiftkv.errors import SwiftKVError
 
+COLUMNS = ("model", "variant", "num_key_value_layers", "key_value_group_size", "kv_heads", "loss", "scope", "train",
+           "skip_fraction", "label", "tables")
+
 def read_variants(path: str | os.PathLike) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise SwiftKVError(f"variants sheet {path} not found; pass --variants FILE")
     with open(path, newline="") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+        reader = csv.DictReader(f, delimiter="\t")
+        rows = list(reader)
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or []) and c != "kv_heads"]
+    if missing:
+        raise SwiftKVError(f"variants sheet {path} has no column {', '.join(missing)}; it needs the tab-separated "
+                           f"columns {', '.join(COLUMNS)} (kv_heads may be left out)")
+    return rows
 
 
 def variant_row(model: str, variant: str, path: str | os.PathLike) -> dict[str, str]:

@@ -2,12 +2,17 @@
 ``error: ...`` line on stderr, exit status 2, no traceback — and the file system around it is exactly as it was.
 
 Each case runs the real entry point in a subprocess, in a fresh workspace holding copies of small fixtures (a tiny
-plain Llama with a tokenizer, the same damaged in several ways, a foreign directory, a git repository, links ...);
-the whole workspace (home directory included) is snapshotted before and after.
+plain Llama with a tokenizer, the same damaged in several ways, swiftkv's own outputs of several kinds, a foreign
+directory, a git repository, links ...); the whole workspace (home directory included) is snapshotted before and after.
+
+A run that starts and then fails (a diverged distillation, ``FAILED_RUNS``) exits with status 1: its last stderr line is
+the one ``error: ...`` line, every planted file is as it was, and it leaves nothing that looks like a result. Mistakes
+made through the Python API (``LIBRARY_CASES``) raise ``SwiftKVError`` with a one-line message.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +60,54 @@ CASES = [
          "was not written by swiftkv"),
     Case("serve-onto-dir", ["bench", "serve", "plain", "--engine", "hf", "--study", "throughput", "-o", "foreign"],
          "is a directory"),
+    # -- one output never replaces another, nor the command's own input ----------------------------------------------
+    Case("convert-onto-distilled-student", ["convert", "plain", "-l", "2", "-o", "distilled"],
+         "holds a distilled SwiftKV student"),
+    Case("convert-onto-teacher-cache", ["convert", "plain", "-l", "2", "-o", "cache"], "holds a teacher cache"),
+    Case("teacher-cache-onto-student", ["teacher-cache", "plain", "--layers", "2", "--tokens", "100", "-o", "student"],
+         "holds a converted (untrained) SwiftKV student"),
+    Case("export-onto-its-input", ["export", "student", "--format", "arctic-inference", "-o", "student"],
+         "it is the command's input student"),
+    Case("export-onto-its-input-overwrite", ["export", "student", "--format", "arctic-inference", "-o", "student",
+                                             "--overwrite"], "--overwrite cannot allow this"),
+    Case("convert-rerun-with-user-file", ["convert", "plain", "-l", "2", "-o", "studentnotes"],
+         "holds my-notes.txt, which swiftkv did not write there"),
+    Case("convert-onto-itself-overwrite", ["convert", "plain", "-l", "2", "-o", "plain", "--overwrite"],
+         "it is the command's input plain"),
+    Case("convert-into-its-input", ["convert", "plain", "-l", "2", "-o", "plain/student"],
+         "it lies inside the command's input plain"),
+    Case("convert-around-its-input", ["convert", "box/m", "-l", "2", "-o", "box", "--overwrite"],
+         "it contains the command's input box/m"),
+    Case("eval-onto-its-checkpoint", ["eval", "student", "--task", "x", "--output-dir", "student"],
+         "it is the command's input student"),
+    Case("simscore-onto-its-input", ["simscore", "plain", "-o", "plain/config.json"], "it lies inside the command's"),
+    # -- a diverging or damaged distillation is refused before any work --------------------------------------------
+    Case("distill-lr-nan", ["distill", "plain", "-l", "2", "--lr", "nan", "-o", "out"], "nan is not a finite number"),
+    Case("distill-lr-negative", ["distill", "plain", "-l", "2", "--lr=-0.001", "-o", "out"], "is outside (0, inf)"),
+    Case("distill-warmup-ratio-one", ["distill", "plain", "-l", "2", "--warmup-ratio", "1", "-o", "out"],
+         "1 is outside [0, 1)"),
+    Case("distill-grad-norm-inf", ["distill", "plain", "-l", "2", "--max-grad-norm", "inf", "-o", "out"],
+         "inf is not a finite number"),
+    Case("distill-nan-teacher-cache", ["distill", "plain", "-l", "2", *"--teacher-cache nancache --tokens 1500 "
+                                       "--max-length 96 --heldout-tokens 200 -o out".split()], "holds non-finite values"),
+    # -- damaged or mismatched checkpoints ----------------------------------------------------------------------------
+    Case("generate-missing-swiftkv-weight", ["generate", "nokv", "--prompt", "w1"],
+         "lacks 1 of the 7 SwiftKV weights its config implies"),
+    Case("eval-base-unrelated", ["eval", "student", "--base", "other", "--output-dir", "out"],
+         "--base other is not the model student was made from"),
+    Case("eval-base-other-vocabulary", ["eval", "student", "--base", "vocab", "--output-dir", "out"],
+         "has a vocabulary of 120 tokens"),
+    Case("generate-without-tokenizer", ["generate", "bare", "--prompt", "w1"], "bare has no tokenizer"),
+    # -- ordinary mistakes, each before any work ------------------------------------------------------------------------
+    Case("distill-sheet-without-loss", ["distill", "plain", "--variant", "swiftkv-50", "--variants", "noloss.tsv",
+                                        "--model-id", "smollm2-135m", "-o", "out"], "has no column loss"),
+    Case("eval-malformed-tasks-json", ["eval", "plain", "--tasks-json", "badtasks.json", "--output-dir", "out"],
+         "badtasks.json is not valid JSON"),
+    Case("advise-tolerance-nan", ["advise", "plain", "--tolerance", "nan", "-o", "a.json"], "not a finite number"),
+    Case("convert-g-zero", ["convert", "plain", "-l", "2", "-g", "0", "-o", "out"], "0 is not a positive integer"),
+    Case("distill-g-zero", ["distill", "plain", "-l", "2", "-g", "0", "-o", "out"], "0 is not a positive integer"),
+    Case("serve-vllm-missing", ["bench", "serve", "plain", "--engine", "vllm", "--study", "throughput",
+                                "--vllm-command", "/nonexistent/vllm", "-o", "s.json"], "not found"),
     # -- damaged models -------------------------------------------------------------------------------------------
     Case("generate-corrupt-config", ["generate", "badcfg", "--prompt", "hi"], "is not valid JSON"),
     Case("generate-truncated-weights", ["generate", "trunc", "--prompt", "hi"], "is damaged"),
@@ -105,6 +158,12 @@ CASES = [
          program="snakemake"),
     Case("sheet-missing", [*SNAKE, "{ws}/sheet-missing.yaml", "--", "results/distill/summary.csv"], "not found",
          program="snakemake"),
+    Case("sheet-bad-kv-heads", [*SNAKE, "{ws}/sheet-kv.yaml", "--", "results/distill/summary.csv"],
+         "kv_heads=2 must divide the model's 9 attention heads and 3 KV heads", program="snakemake"),
+    Case("config-override-not-a-number", [*SNAKE, "{ws}/empty.yaml", "--config", "distill={tokens: many}", "--",
+                                          "results/distill/summary.csv"],
+         "put `{distill: {tokens: many}}` (with the value you mean) in a YAML file and pass it with --configfile",
+         program="snakemake"),
     # -- bin/ci-figures replaces its work directory: only one it made itself ----------------------------------------
     Case("ci-figures-foreign-workdir", ["{ws}/foreign"], "was not made by bin/ci-figures", program="ci-figures"),
     Case("ci-figures-over-checkout", ["."], "contains this checkout", program="ci-figures"),
@@ -116,7 +175,10 @@ CASES = [
 @pytest.fixture(scope="module")
 def material(tmp_path_factory) -> Path:
     """Fixtures the workspaces copy: models (good and damaged), configs and sheets for the workflow cases."""
-    root = tmp_path_factory.mktemp("material")
+    return build_material(tmp_path_factory.mktemp("material"))
+
+
+def build_material(root: Path) -> Path:
     plain = root / "plain"
     tiny_base().save_pretrained(plain)
     tiny_tokenizer().save_pretrained(plain)
@@ -130,17 +192,62 @@ def material(tmp_path_factory) -> Path:
     sheet = (ROOT / "config/variants.tsv").read_text()
     bad_loss = sheet.replace("swiftkv-62\t11\t1\t\tkl", "swiftkv-62\t11\t1\t\tmse")
     bad_g = sheet.replace("swiftkv-50-acrosskv-3\t15\t3", "swiftkv-50-acrosskv-3\t15\t4")
-    assert bad_loss != sheet and bad_g != sheet
+    bad_kv = sheet.replace("swiftkv-50-mqa-1\t15\t1\t1\t", "swiftkv-50-mqa-1\t15\t1\t2\t")
+    assert bad_loss != sheet and bad_g != sheet and bad_kv != sheet
     (root / "loss.tsv").write_text(bad_loss)
     (root / "g.tsv").write_text(bad_g)
+    (root / "kv.tsv").write_text(bad_kv)
+    (root / "noloss.tsv").write_text("\n".join("\t".join(c for i, c in enumerate(line.split("\t")) if i != 5)
+                                               for line in sheet.splitlines()) + "\n")
+    own_outputs(root)
     return root
+
+
+def own_outputs(root: Path) -> None:
+    """swiftkv's own outputs of several kinds, as its commands write them (marker and all), some damaged."""
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from swiftkv.cli import main
+    from swiftkv.convert import convert_to_swiftkv, save_model_dir
+    from swiftkv.teacher_cache import TeacherCacheSettings, build_teacher_cache
+    from tests.conftest import tiny_conversations
+
+    assert main(["convert", str(root / "plain"), "-l", "2", "-o", str(root / "student")]) == 0
+    shutil.copytree(root / "student", root / "studentnotes")
+    (root / "studentnotes" / "my-notes.txt").write_text("what I found\n")
+    save_model_dir(convert_to_swiftkv(tiny_base(), 2), tiny_tokenizer(), root / "distilled",
+                   files={"distill.json": '{"heldout_final": {"heldout_kl": 0.05}}\n', "train_log.jsonl": "{}\n"},
+                   what="distilled checkpoint")
+    build_teacher_cache(tiny_base(), tiny_tokenizer(), root / "cache", TeacherCacheSettings(
+        layers=[2], data="sharegpt", seed=0, max_length=96, tokens=1500, heldout_tokens=200),
+        train_conversations=tiny_conversations(120), heldout_conversations=tiny_conversations(15, 1, "h"),
+        progress=False)
+    shutil.copytree(root / "cache", root / "nancache")
+    planted = np.memmap(root / "nancache" / "train.h2.bin", dtype=np.float32, mode="r+")
+    planted[1000] = np.nan
+    planted.flush()
+    shutil.copytree(root / "student", root / "nokv")
+    weights = load_file(root / "nokv" / "model.safetensors")
+    del weights["model.layers.3.self_attn.q_proj_swiftkv.weight"]
+    save_file(weights, root / "nokv" / "model.safetensors", metadata={"format": "pt"})
+    for name, model in (("other", tiny_base(seed=7)), ("vocab", tiny_base(vocab_size=120)), ("bare", tiny_base())):
+        model.save_pretrained(root / name)
+        if name != "bare":
+            tiny_tokenizer().save_pretrained(root / name)
+    (root / "badtasks.json").write_text('{"tasks": [{"name": "arc_easy",\n')
+
+
+OWN_OUTPUTS = ("student", "studentnotes", "distilled", "cache", "nancache", "nokv", "other", "vocab", "bare")
 
 
 def workspace(tmp_path: Path, material: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
-    for name in ("plain", "badcfg", "trunc", "garbage"):
+    for name in ("plain", "badcfg", "trunc", "garbage", *OWN_OUTPUTS):
         shutil.copytree(material / name, ws / name)
+    for name in ("noloss.tsv", "badtasks.json"):
+        shutil.copyfile(material / name, ws / name)
     (ws / "foreign").mkdir()
     (ws / "foreign" / "thesis.tex").write_text("years of work\n")
     (ws / "notes.txt").write_text("my notes\n")
@@ -162,6 +269,10 @@ def workspace(tmp_path: Path, material: Path) -> Path:
     (ws / "sheet-loss.yaml").write_text(f"distill:\n  variants: {ws / 'loss.tsv'}\n")
     (ws / "sheet-g.yaml").write_text(f"distill:\n  variants: {ws / 'g.tsv'}\n")
     (ws / "sheet-missing.yaml").write_text(f"distill:\n  variants: {ws / 'nowhere.tsv'}\n")
+    (ws / "kv.tsv").write_text((material / "kv.tsv").read_text())
+    (ws / "sheet-kv.yaml").write_text(f"distill:\n  variants: {ws / 'kv.tsv'}\n")
+    (ws / "empty.yaml").write_text("{}\n")
+    shutil.copytree(material / "plain", ws / "box" / "m")
     return ws
 
 
@@ -212,3 +323,175 @@ def test_bad_input_is_one_line_and_changes_nothing(case, material, tmp_path):
 def test_at_least_thirty_cases_across_cli_and_workflow():
     programs = [c.program for c in CASES]
     assert len(CASES) >= 30 and programs.count("snakemake") >= 5 and programs.count("swiftkv") >= 25
+
+
+# -- a run that starts and fails: exit 1, one error line last, nothing that looks like a result --------------------
+
+DISTILL_FROM_CACHE = "distill plain -l 2 --teacher-cache cache --tokens 1500 --max-length 96 --heldout-tokens 200 " \
+    "--batch-size 2 --checkpoint-every 2 --mixed-precision no --no-progress -o out"
+
+FAILED_RUNS = [
+    Case("distill-lr-3e4", [*DISTILL_FROM_CACHE.split(), "--lr", "3e4"], "lr 30000 is likely too high"),
+]
+
+
+@pytest.mark.parametrize("case", FAILED_RUNS, ids=[c.id for c in FAILED_RUNS])
+def test_failed_run_is_exit_1_one_line_and_saves_no_result(case, material, tmp_path):
+    ws = workspace(tmp_path, material)
+    before = snapshot(ws)
+    out = subprocess.run(command(case, ws), cwd=ws, env={**os.environ, "HOME": str(ws / "home")},
+                         capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    assert lines[-1].startswith("error: training diverged at step ") and case.message in lines[-1], lines[-1]
+    assert "the last good checkpoint (step 2) stays in out.ckpt for --resume" in lines[-1]
+    assert [x for x in lines if x.startswith("error:")] == lines[-1:]
+    assert "Traceback" not in out.stdout + out.stderr
+    after = snapshot(ws)
+    assert {k: after.get(k) for k in before} == before  # nothing planted lost or changed
+    left = sorted(str(Path(k).relative_to(ws)) for k in set(after) - set(before))
+    # no student and no distill.json: only the checkpoint folder, with the last good checkpoint for --resume
+    assert left == ["out.ckpt", "out.ckpt/.swiftkv-output.json", "out.ckpt/checkpoint.pt", "out.ckpt/train_log.jsonl"]
+    import torch
+
+    checkpoint = torch.load(ws / "out.ckpt" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["step"] == 2 and all(bool(torch.isfinite(t).all()) for t in checkpoint["trainable"].values())
+
+
+# -- the same kind of output is replaced, and --overwrite replaces another kind ----------------------------------------
+
+
+def test_own_output_of_the_same_kind_is_replaced_and_overwrite_allows_another_kind(material, tmp_path, monkeypatch):
+    from swiftkv.cli import main
+    from swiftkv.io import MARKER, read_marker
+
+    ws = workspace(tmp_path, material)
+    monkeypatch.chdir(ws)
+    for argv in (["convert", "plain", "-l", "3", "-o", "student"],  # its own earlier output: replaced
+                 ["convert", "plain", "-l", "2", "-o", "distilled", "--overwrite"],  # another kind, with --overwrite
+                 ["convert", "plain", "-l", "2", "-o", "studentnotes", "--overwrite"]):  # a user's file, likewise
+        assert main(argv) == 0
+    assert json.loads((ws / "student" / "config.json").read_text())["num_key_value_layers"] == 3
+    marker = read_marker(ws / "distilled")
+    assert marker["kind"] == "converted (untrained) SwiftKV student"
+    assert marker["command"] == "swiftkv convert plain -l 2 -o distilled --overwrite"
+    assert sorted(marker["files"]) == sorted(p.name for p in (ws / "distilled").iterdir() if p.name != MARKER)
+    assert not (ws / "distilled" / "distill.json").exists() and not (ws / "studentnotes" / "my-notes.txt").exists()
+
+
+# -- mistakes made through the Python API: one SwiftKVError line -------------------------------------------------
+
+
+def _forward_no_positions(material):
+    import torch
+
+    from swiftkv.convert import convert_to_swiftkv
+
+    convert_to_swiftkv(tiny_base(), 2)(torch.empty(1, 0, dtype=torch.long))
+
+
+def _auto_model(name):
+    def load(material):
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(material / name)
+
+    return load
+
+
+def _truncated_student(material):
+    from transformers import AutoModelForCausalLM
+
+    damaged = material.parent / "trunc-student"
+    if not damaged.exists():
+        shutil.copytree(material / "student", damaged)
+        weights = damaged / "model.safetensors"
+        with open(weights, "r+b") as f:
+            f.truncate(weights.stat().st_size // 2)
+    AutoModelForCausalLM.from_pretrained(damaged)
+
+
+LIBRARY_CASES = {
+    "load-model-none": (lambda m: __import__("swiftkv.loading").loading.load_model(None), "the model to load must be"),
+    "convert-a-model-name": (lambda m: __import__("swiftkv.convert").convert.convert_to_swiftkv("smollm2-135m", 2),
+                             "load it first: model, tokenizer = swiftkv.loading.load_model('smollm2-135m')"),
+    "forward-without-positions": (_forward_no_positions, "input_ids holds no positions (shape (1, 0))"),
+    "auto-model-missing-swiftkv-weight": (_auto_model("nokv"), "lacks 1 of the 7 SwiftKV weights"),
+    "auto-model-truncated-student": (_truncated_student, "is damaged"),
+    "teacher-cache-with-nan": (lambda m: __import__("swiftkv.teacher_cache").teacher_cache.TeacherCache(m / "nancache"),
+                               "nancache/train.h2.bin holds non-finite values (token row 15): the cache is damaged"),
+    "distill-settings-lr-nan": (lambda m: __import__("swiftkv.distill").distill.DistillSettings(
+        num_key_value_layers=2, lr=float("nan")).validate(), "lr must be a finite number > 0, got nan"),
+}
+
+
+@pytest.mark.parametrize("case", list(LIBRARY_CASES))
+def test_library_mistake_is_one_line(case, material):
+    from swiftkv.errors import SwiftKVError
+
+    call, message = LIBRARY_CASES[case]
+    with pytest.raises(SwiftKVError) as caught:
+        call(material)
+    assert message in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    assert "SwiftKVError(" not in str(caught.value)  # one message, not one wrapped in another
+
+
+# -- the workflow keeps embedded models in its own resources/, whatever the shell exports ------------------------------
+
+
+def snakemake(ws: Path, *argv: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(ws),
+                           "--configfile", str(ROOT / "config/ci.yaml"), *argv], cwd=ws, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_prepare_model_passes_its_resources_folder(tmp_path):
+    run = snakemake(tmp_path, "-n", "-p", "--", "resources/models/smollm2-135m",
+                    env={"SWIFTKV_RESOURCES": str(tmp_path / "elsewhere")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "swiftkv prepare-model smollm2-135m --resources resources --force" in run.stdout
+
+
+@pytest.mark.slow
+def test_jobs_read_embedded_models_from_the_workflows_resources(tmp_path):
+    """A job given an embedded id finds the model in the workflow's resources/ with SWIFTKV_RESOURCES pointing
+    elsewhere (without the fix: "embedded model smollm2-135m is not prepared yet")."""
+    model = tmp_path / "resources" / "models" / "smollm2-135m"  # a tiny stand-in, already prepared
+    tiny_base().save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    run = snakemake(tmp_path, "--cores", "1", "--", "results/tasks/heldout-ppl/smollm2-135m",
+                    env={"SWIFTKV_RESOURCES": str(tmp_path / "elsewhere"), "PATH": f"{Path(sys.executable).parent}:"
+                         f"{os.environ['PATH']}"})
+    assert run.returncode == 0, (run.stderr + "".join(p.read_text() for p in tmp_path.glob("logs/**/*.log")))[-3000:]
+    assert (tmp_path / "results/tasks/heldout-ppl/smollm2-135m/manifest.json").is_file()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_convert_and_export_of_a_tokenizer_less_checkpoint_say_so_in_one_line(material, tmp_path, monkeypatch, capsys):
+    from swiftkv.cli import main
+    from swiftkv.loading import TOKENIZER_FILES
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["convert", str(material / "bare"), "-l", "2", "-o", "student"],
+                 ["export", "student", "--format", "arctic-inference", "-o", "served"]):
+        assert main(argv) == 0
+        notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
+        assert len(notes) == 1 and "has no tokenizer" in notes[-1], notes
+    for out in ("student", "served"):
+        assert (tmp_path / out / "model.safetensors").is_file()
+        assert not any((tmp_path / out / f).exists() for f in TOKENIZER_FILES)
+
+
+def test_base_check_accepts_the_students_own_base_in_any_precision(material, tmp_path):
+    """The --base check refuses other models (CASES), not the real teacher: a distilled student saved in bfloat16
+    (mixed-precision training) against its float32 base, and a student of another l and g."""
+    import torch
+
+    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.loading import check_base_loaded, check_base_model
+
+    student = convert_to_swiftkv(tiny_base(), 3, 1).to(torch.bfloat16)
+    student.save_pretrained(tmp_path / "bf16")
+    check_base_model(str(tmp_path / "bf16"), str(material / "plain"))
+    check_base_model(str(material / "student"), str(material / "plain"))
+    check_base_loaded(student, tiny_base(), "bf16", "plain")

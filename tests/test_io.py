@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from swiftkv.io import (
     atomic_dir,
     atomic_path,
     check_output_dir,
+    check_output_file,
     open_output_dir,
+    read_marker,
     remove_own_files,
     write_json,
     write_text,
@@ -60,12 +63,13 @@ def test_new_directory_is_marked_with_plain_modes(tmp_path):
 
 
 def test_own_directory_is_replaced_whole(tmp_path):
-    write_dir(tmp_path / "out", content="old")
-    (tmp_path / "out" / "stale.txt").write_text("from the old run")
+    with atomic_dir(tmp_path / "out", what="test output") as tmp:
+        (tmp / "stale.txt").write_text("from the old run")
     write_dir(tmp_path / "out", content="new")
     assert (tmp_path / "out" / "out.txt").read_text() == "new"
-    assert not (tmp_path / "out" / "stale.txt").exists()
+    assert not (tmp_path / "out" / "stale.txt").exists()  # listed in the old marker: ours to remove
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert json.loads((tmp_path / "out" / MARKER).read_text())["files"] == ["out.txt", "sub/x.bin"]
 
 
 @pytest.mark.parametrize("legacy", ["distill.json", "swiftkv-source.json"])
@@ -161,6 +165,85 @@ def test_files_are_added_to_an_own_directory(tmp_path):
     with pytest.raises(OutputRefused, match="was not written by swiftkv"):
         open_output_dir(tmp_path / "theirs")
     assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["notes.md"]
+
+
+# -- one output never replaces another ------------------------------------------------------------------------------
+
+
+def write_kind(path, what, overwrite=False, inputs=()):
+    with atomic_dir(path, overwrite=overwrite, what=what, inputs=inputs) as tmp:
+        (tmp / "weights.bin").write_bytes(what.encode())
+
+
+def test_an_output_of_another_kind_is_refused_unless_overwrite(tmp_path):
+    write_kind(tmp_path / "out", "teacher cache (sharegpt, seed 0)")
+    before = tree(tmp_path)
+    with pytest.raises(OutputRefused, match=r"holds a teacher cache( \(written by `.*`\))?; this command writes a "
+                       "converted"):
+        write_kind(tmp_path / "out", "converted SwiftKV checkpoint")
+    assert tree(tmp_path) == before
+    write_kind(tmp_path / "out", "teacher cache (sharegpt, seed 1)")  # the same kind: replaced
+    write_kind(tmp_path / "out", "converted SwiftKV checkpoint", overwrite=True)
+    assert read_marker(tmp_path / "out")["kind"] == "converted (untrained) SwiftKV student"
+
+
+def test_files_the_marker_does_not_list_are_never_removed_silently(tmp_path):
+    write_kind(tmp_path / "out", "converted SwiftKV checkpoint")
+    (tmp_path / "out" / "sub").mkdir()
+    (tmp_path / "out" / "sub" / "mine.txt").write_text("my notes")
+    before = tree(tmp_path)
+    with pytest.raises(OutputRefused, match="holds sub/mine.txt, which swiftkv did not write there"):
+        write_kind(tmp_path / "out", "converted SwiftKV checkpoint")
+    assert tree(tmp_path) == before
+    out = open_output_dir(tmp_path / "out", what="converted SwiftKV checkpoint")  # adding files removes nothing
+    assert (out / "sub" / "mine.txt").exists()
+    with pytest.raises(OutputRefused, match="holds a converted"):
+        open_output_dir(tmp_path / "out", what="lm-eval results")
+
+
+@pytest.mark.parametrize("target,message", [("model", "it is the command's input"),
+                                            ("model/inner", "it lies inside the command's input"),
+                                            (".", "it is the working directory"),
+                                            ("box", "it contains the command's input")])
+def test_an_output_over_the_commands_input_is_refused_even_with_overwrite(tmp_path, monkeypatch, target, message):
+    monkeypatch.chdir(tmp_path)
+    write_kind(tmp_path / "model", "embedded model m")
+    write_kind(tmp_path / "box" / "m", "embedded model m")
+    source = "box/m" if target == "box" else "model"
+    before = tree(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(OutputRefused, match=message):
+            write_kind(target, "converted SwiftKV checkpoint", overwrite=overwrite, inputs=[source])
+    (tmp_path / "requests.json").write_text("{}")
+    with pytest.raises(OutputRefused, match="it is the command's input requests.json"):
+        check_output_file("requests.json", overwrite=True, inputs=["requests.json"])
+    with pytest.raises(OutputRefused, match="it lies inside the command's input model"):
+        check_output_file("model/weights.bin", overwrite=True, inputs=["model"])  # would replace part of it
+    assert tree(tmp_path) == {**before, "requests.json": b"{}"}
+    assert check_output_file("model/results.json", inputs=["model"])  # a new file beside it replaces nothing
+    assert open_output_dir("model/eval", what="lm-eval results", inputs=["model"])  # nor does a folder added to
+
+
+def test_a_finished_output_that_may_no_longer_replace_its_target_is_kept_beside_it(tmp_path):
+    write_kind(tmp_path / "out", "converted SwiftKV checkpoint")
+    with pytest.raises(OutputRefused, match=r"finished output was kept at .*out\.swiftkv-new"):
+        with atomic_dir(tmp_path / "out", what="converted SwiftKV checkpoint") as tmp:
+            (tmp / "weights.bin").write_bytes(b"new")
+            (tmp_path / "out" / "mine.txt").write_text("added while it ran")
+    assert (tmp_path / "out" / "mine.txt").exists() and (tmp_path / "out" / "weights.bin").exists()
+    assert (tmp_path / "out.swiftkv-new" / "weights.bin").read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("files,kind", [(["distill.json", "model.safetensors"], "distilled SwiftKV student"),
+                                        (["distill.json"], "distillation log (--log-only)"),
+                                        (["swiftkv-source.json"], "prepared base model")])
+def test_an_earlier_versions_output_has_its_kind_read_from_its_layout(tmp_path, files, kind):
+    (tmp_path / "out").mkdir()
+    for name in files:
+        (tmp_path / "out" / name).write_text("{}")
+    assert read_marker(tmp_path / "out")["kind"] == kind
+    with pytest.raises(OutputRefused, match=f"holds a {re.escape(kind)}"):
+        write_kind(tmp_path / "out", "teacher cache (sharegpt, seed 0)")
 
 
 # -- files -----------------------------------------------------------------------------------------------------

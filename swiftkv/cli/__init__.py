@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 
 from swiftkv.cli import bench, distill, evaluate, model
@@ -24,20 +25,51 @@ from swiftkv.cli.options import Parser
 from swiftkv.errors import SwiftKVError
 
 
+def command_inputs(args) -> list[str]:
+    """The local paths a command reads (its model, --base, --teacher-cache, task and data files ...): its output may
+    never be, contain or lie inside one of them."""
+    from swiftkv.assets import EMBEDDED_MODELS, model_dir
+
+    found = []
+    for name in INPUT_OPTIONS:
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            if not isinstance(value, str) or not value:
+                continue
+            if name == "models":
+                value = value.partition("=")[2]  # bench vllm's LABEL=MODEL
+            if value in EMBEDDED_MODELS:
+                value = str(model_dir(value, getattr(args, "resources", None)))
+            if os.path.exists(value):
+                found.append(value)
+    return found
+
+
+# options whose values are paths a command reads
+INPUT_OPTIONS = ("model", "base", "models", "teacher_cache", "tasks_json", "bigbench_manifest", "include_path",
+                 "tasks_dir", "tarball", "heldout", "requests", "trained", "model_config", "variants")
+
+
 def check_outputs(args) -> None:
-    """Refuse bad output paths (foreign, protected, a link, the wrong kind) before the command does any work."""
-    from swiftkv.io import check_output_dir, check_output_file
+    """Refuse bad output paths (foreign, protected, a link, the wrong kind, the command's own input) before the
+    command does any work."""
+    from swiftkv.io import check_not_input, check_output_dir, check_output_file
 
     kind = getattr(args, "output_kind", None)
     target = getattr(args, "output_dir", None) or getattr(args, "output", None)
     if kind not in ("dir", "file") or target is None:
         return
+    inputs = command_inputs(args)
     if kind == "dir":
-        check_output_dir(target, args.overwrite)
+        what = getattr(args, "output_what", None)
+        what = what(args) if callable(what) else what
+        check_output_dir(target, args.overwrite, what, inputs, replace=not getattr(args, "output_appends", False))
         return
-    check_output_file(target, args.overwrite)
+    check_output_file(target, args.overwrite, inputs)
     for extra in getattr(args, "extra_outputs", lambda _: [])(args):  # e.g. simscore's metadata beside its CSV
-        check_output_file(extra, args.overwrite)
+        check_output_file(extra, args.overwrite, inputs)
+    for folder in getattr(args, "extra_dirs", lambda _: [])(args):  # e.g. a benchmark's work folder (added to)
+        check_not_input(folder, inputs, new_inside_ok=True)
 
 
 def check_inputs(args) -> None:
@@ -94,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from swiftkv import io
+
+    io.COMMAND = shlex.join(["swiftkv", *(sys.argv[1:] if argv is None else argv)])  # recorded in output markers
     try:
         check_outputs(args)
         check_inputs(args)
         args.func(args)
     except SwiftKVError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return getattr(err, "exit_status", 2)
     except OSError as err:  # a missing input, an unwritable place, a full disk: one line, not a traceback
         where = f": {err.filename}" if err.filename else ""
         print(f"error: {err.strerror or err}{where}", file=sys.stderr)
@@ -108,4 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        io.COMMAND = None
     return 0

@@ -200,6 +200,13 @@ def cmd_bench_sharegpt_requests(args) -> None:
     print(args.output)
 
 
+def _workdir(args) -> list[str]:
+    """A benchmark's work folder (raw outputs, logs): --workdir, else the output path without its suffix."""
+    from pathlib import Path
+
+    return [str(args.workdir or Path(args.output).with_suffix(""))]
+
+
 def add_parsers(bench) -> None:
     """The benchmark commands' parsers on the ``swiftkv bench`` subparsers ``bench``."""
     from swiftkv.bench.serving import ENGINES, STUDIES
@@ -215,7 +222,7 @@ def add_parsers(bench) -> None:
     p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.add_argument("--include-noskip", action="store_true", help="also time students without the prefill skip")
     p.add_argument("--random-weights", action="store_true",
@@ -245,7 +252,7 @@ def add_parsers(bench) -> None:
     p.add_argument("--workdir", default=None, help="checkpoints, vLLM outputs and logs (default: beside --output)")
     p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
-    p.set_defaults(func=cmd_bench_served_fidelity, output_kind="file")
+    p.set_defaults(func=cmd_bench_served_fidelity, output_kind="file", extra_dirs=_workdir)
     p = bench.add_parser("distill", help="distillation step tokens/s: naive vs shared-prefix vs teacher-cached step",
                          description="Times one distillation step (forward, backward, AdamW) on packed ShareGPT rows "
                          "four ways in the same process, interleaved: naive (full teacher forward + full student "
@@ -270,7 +277,7 @@ def add_parsers(bench) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per path, interleaved")
     p.add_argument("--chunk-size", type=positive_int, default=1024,
                    help="positions per chunk of full-vocabulary logits in the trainer's loss")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill, output_kind="file")
 
@@ -290,12 +297,12 @@ def add_parsers(bench) -> None:
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache bytes instead (memory-limited runs)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the engine (default 2)")
+    p.add_argument("--threads", type=positive_int, default=2, help="OMP_NUM_THREADS of the engine (default 2)")
     p.add_argument("--vllm-venv", default=None, help="vLLM venv (default $VLLM_VENV or .venv-vllm)")
     p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
     p.add_argument("--workdir", default=None, help="per-run logs and JSON (default: the output path without suffix)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
-    p.set_defaults(func=cmd_bench_vllm, output_kind="file")
+    p.set_defaults(func=cmd_bench_vllm, output_kind="file", extra_dirs=_workdir)
 
 
     p = bench.add_parser(
@@ -339,7 +346,7 @@ def add_parsers(bench) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, or auto (bf16 only where fast; default auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--threads", type=int, default=None, help="torch / OMP threads (default: all this process may use)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch / OMP threads (default: all this process may use)")
     p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
     p.add_argument("--no-memory", action="store_true", help="hf: skip the peak-memory pass")
     p.add_argument("--vllm-command", default="bin/vllm-env vllm",
@@ -353,7 +360,7 @@ def add_parsers(bench) -> None:
                    help="when the engine cannot run here (no GPU, no vLLM): fail (default) or write a result "
                    "marked not measured, with the reason")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
-    p.set_defaults(func=cmd_bench_serve, output_kind="file")
+    p.set_defaults(func=cmd_bench_serve, output_kind="file", extra_dirs=_workdir)
 
     p = bench.add_parser(
         "sharegpt-requests", help="select ShareGPT requests by minimum input/output ratio (Table A.3 workloads)",

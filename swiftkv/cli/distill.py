@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from swiftkv.cli.options import add_model_args, positive_int, resolve_dtype
+from swiftkv.cli.options import add_model_args, non_negative_int, number, positive_int, resolve_dtype
 from swiftkv.errors import SwiftKVError
 
 
@@ -24,6 +24,11 @@ def _save_at(text: str) -> tuple[int, str]:
     if not sep or not path:
         raise argparse.ArgumentTypeError(f"{text!r} is not BUDGET=DIRECTORY, e.g. 2048=students/tokens-2048")
     return positive_int(budget), path
+
+
+def _distill_output_what(args) -> str:
+    """What distill writes (its kind of output): a distilled checkpoint, or with --log-only its log."""
+    return "distillation log (--log-only)" if args.log_only else "distilled checkpoint"
 
 
 def distill_settings(args):
@@ -70,6 +75,11 @@ def cmd_distill(args) -> None:
 
     check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
                         settings.key_value_heads)
+    cache = None
+    if args.teacher_cache:  # opened (and checked: layout, finite values) before the model loads
+        from swiftkv.teacher_cache import TeacherCache
+
+        cache = TeacherCache(args.teacher_cache)
     base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
     train_convs = heldout_convs = source = None  # with a teacher cache the packed data come from it
     if not args.teacher_cache:
@@ -82,7 +92,7 @@ def cmd_distill(args) -> None:
                     mixed_precision=args.mixed_precision, progress=not args.no_progress,
                     extra_summary={"variant": args.name or args.variant, "source_report": source},
                     overwrite=args.overwrite,
-                    teacher_cache=args.teacher_cache, save_at=dict(args.save_at or []), log_only=args.log_only)
+                    teacher_cache=cache, save_at=dict(args.save_at or []), log_only=args.log_only)
     init, final = summary["heldout_initial"], summary["heldout_final"]
     if init and final:
         print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "
@@ -131,9 +141,9 @@ def add_parsers(sub) -> None:
     g.add_argument("--model-id", help="the model's id in the sheet (default: MODEL)")
     g.add_argument("--name", help="the student's name in distill.json (default: --variant); the pipeline passes the "
                    "sheet row as explicit flags with its name")
-    g.add_argument("--num-key-value-layers", "-l", type=int, help="l: layers that keep their own K/V")
-    g.add_argument("--key-value-group-size", "-g", type=int, help="g: AcrossKV group size")
-    g.add_argument("--kv-heads", type=int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")
+    g.add_argument("--num-key-value-layers", "-l", type=positive_int, help="l: layers that keep their own K/V")
+    g.add_argument("--key-value-group-size", "-g", type=positive_int, help="g: AcrossKV group size")
+    g.add_argument("--kv-heads", type=positive_int, help="MQA student: KV heads of the SwiftKV K/V in layers >= l")
     g.add_argument("--loss", choices=["kl", "lm", "kl+hidden"], help="kl (default), lm (next-token CE), kl+hidden")
     g.add_argument("--scope", choices=["partial", "full"], help="partial (SwiftKV parts, default) or full (layers >= l)")
     g.add_argument("--loss-positions", choices=["all", "assistant"],
@@ -141,34 +151,34 @@ def add_parsers(sub) -> None:
                    "(Snowflake's current recipe)")
     g.add_argument("--no-train", action="store_true", help="save the converted student untrained (w/o distillation)")
     g = p.add_argument_group("training (paper defaults)")
-    g.add_argument("--tokens", type=int, help="training token budget per epoch, 0 = all the data (default 100000)")
-    g.add_argument("--epochs", type=int, help="passes over the budget's packs (default 1; the paper: 2)")
-    g.add_argument("--max-length", type=int, help="tokens per packed row (default 2048)")
-    g.add_argument("--batch-size", type=int, help="packed rows per step and process (default 1)")
-    g.add_argument("--lr", type=float, help="AdamW learning rate (default 3e-4)")
-    g.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.05)")
-    g.add_argument("--warmup-ratio", type=float, help="linear warm-up share of the steps, then cosine (default 0.05)")
+    g.add_argument("--tokens", type=non_negative_int, help="training token budget per epoch, 0 = all the data (default 100000)")
+    g.add_argument("--epochs", type=positive_int, help="passes over the budget's packs (default 1; the paper: 2)")
+    g.add_argument("--max-length", type=positive_int, help="tokens per packed row (default 2048)")
+    g.add_argument("--batch-size", type=positive_int, help="packed rows per step and process (default 1)")
+    g.add_argument("--lr", type=number(0, low_open=True), help="AdamW learning rate (default 3e-4)")
+    g.add_argument("--weight-decay", type=number(0), help="AdamW weight decay (default 0.05)")
+    g.add_argument("--warmup-ratio", type=number(0, 1, high_open=True), help="linear warm-up share of the steps, then cosine (default 0.05)")
     g.add_argument("--schedule", choices=["cosine", "wsd"],
                    help="lr schedule: cosine (default) or wsd (warmup-stable-decay, read at --read-budgets)")
     g.add_argument("--read-budgets", type=_budgets,
                    help="wsd: token budgets read along one run, e.g. 2048,4096,8192 (--tokens = the largest): at "
                    "each, a branch decays the lr over the budget's last --decay-ratio of steps and is evaluated")
-    g.add_argument("--warmup-steps", type=int, help="wsd: linear warm-up steps, then constant (default 2)")
-    g.add_argument("--decay-ratio", type=float, help="wsd: share of a budget's steps its decay takes (default 0.2)")
+    g.add_argument("--warmup-steps", type=non_negative_int, help="wsd: linear warm-up steps, then constant (default 2)")
+    g.add_argument("--decay-ratio", type=number(0, 1, low_open=True), help="wsd: share of a budget's steps its decay takes (default 0.2)")
     g.add_argument("--save-at", type=_save_at, action="append", metavar="BUDGET=DIR",
                    help="wsd: also save the student read at BUDGET to DIR (repeatable); OUTPUT gets the largest")
-    g.add_argument("--temperature", type=float, help="distillation temperature T; the loss is T^2 * KL (default 2)")
-    g.add_argument("--hidden-weight", type=float, help="weight of the hidden-state MSE in kl+hidden (default 1)")
-    g.add_argument("--max-grad-norm", type=float, help="gradient clipping, 0 = off (default 1)")
+    g.add_argument("--temperature", type=number(0, low_open=True), help="distillation temperature T; the loss is T^2 * KL (default 2)")
+    g.add_argument("--hidden-weight", type=number(0), help="weight of the hidden-state MSE in kl+hidden (default 1)")
+    g.add_argument("--max-grad-norm", type=number(0), help="gradient clipping, 0 = off (default 1)")
     g.add_argument("--seed", type=int, help="data order seed (default 0)")
     g.add_argument("--data", choices=["sharegpt", "hub"], help="sharegpt (embedded, default) or hub (paper data)")
-    g.add_argument("--chunk-size", type=int, help="positions per chunk of full-vocabulary logits (default 1024)")
+    g.add_argument("--chunk-size", type=positive_int, help="positions per chunk of full-vocabulary logits (default 1024)")
     g = p.add_argument_group("evaluation, checkpoints, hardware")
-    g.add_argument("--heldout-tokens", type=int, help="held-out tokens for the KL in the log (default 4096)")
+    g.add_argument("--heldout-tokens", type=non_negative_int, help="held-out tokens for the KL in the log (default 4096)")
     g.add_argument("--eval-every", type=_eval_every,
                    help="steps between held-out evaluations, or 'end' for only the ones before and after training "
                    "(default: 5 per run)")
-    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: 10 per run)")
+    g.add_argument("--checkpoint-every", type=positive_int, help="steps between checkpoints (default: 10 per run)")
     g.add_argument("--checkpoint-dir", help="where checkpoints go while training (default OUTPUT.ckpt)")
     g.add_argument("--log-only", action="store_true",
                    help="OUTPUT gets the run's summary (distill.json) and training log, not the student's weights "
@@ -179,9 +189,9 @@ def add_parsers(sub) -> None:
     g.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="autocast (default: bf16 where the hardware is fast at it, else none)")
-    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    g.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_distill, output_kind="dir", check_model=False)
+    p.set_defaults(func=cmd_distill, output_kind="dir", output_what=_distill_output_what, check_model=False)
 
     p = sub.add_parser(
         "teacher-cache", help="the frozen teacher's side of every distillation of a model, computed once",
@@ -195,12 +205,12 @@ def add_parsers(sub) -> None:
                    help="the l values of the students it will serve (e.g. 22 15 11)")
     p.add_argument("--tokens", type=positive_int, required=True, help="training tokens (the largest budget served)")
     p.add_argument("--max-length", type=positive_int, default=2048, help="tokens per packed row (default 2048)")
-    p.add_argument("--heldout-tokens", type=int, default=4096, help="held-out tokens (default 4096, as distill)")
+    p.add_argument("--heldout-tokens", type=non_negative_int, default=4096, help="held-out tokens (default 4096, as distill)")
     p.add_argument("--seed", type=int, default=0, help="data order seed (default 0, as distill)")
     p.add_argument("--data", choices=["sharegpt", "hub"], default="sharegpt")
     p.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32",
                    help="storage precision (default float32: the trainer's numbers exactly; bfloat16: half the disk)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--output", "-o", required=True, help="output directory")
-    p.set_defaults(func=cmd_teacher_cache, output_kind="dir")
+    p.set_defaults(func=cmd_teacher_cache, output_kind="dir", output_what="teacher cache")

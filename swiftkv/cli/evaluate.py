@@ -27,7 +27,7 @@ def cmd_bigbench_extract(args) -> None:
     from swiftkv.io import open_output_dir
 
     verify_sdist(args.tarball)
-    open_output_dir(args.output, args.overwrite, "BIG-bench task.json files")
+    open_output_dir(args.output, args.overwrite, args.output_what)
     for path in extract_tasks(args.tarball, args.tasks, args.output):
         print(path)
 
@@ -45,7 +45,7 @@ def cmd_bigbench_build(args) -> None:
         if not path.is_file():
             raise SwiftKVError(f"{path} is missing; extract it first: swiftkv bigbench extract ... --tasks {name}")
         tasks[name] = json.loads(path.read_text())
-    open_output_dir(args.output, args.overwrite, "lm-eval tasks (BIG-bench, cloze format)")
+    open_output_dir(args.output, args.overwrite, args.output_what)
     manifest = write_lm_eval_tasks(tasks, args.output, {"selection": args.selection_examples,
                                                         "report": args.report_examples})
     write_json(Path(args.output) / "manifest.json", manifest)
@@ -67,7 +67,7 @@ def cmd_heldout_ppl_task(args) -> None:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.model, args.resources))
     sample = heldout_sample()
     docs = perplexity_docs(tokenizer, sample, args.documents, args.max_tokens)
-    open_output_dir(args.output, args.overwrite, "lm-eval perplexity task (held-out ShareGPT)")
+    open_output_dir(args.output, args.overwrite, args.output_what)
     print(write_perplexity_task(docs, args.output))
     if args.conversations:
         write_conversations(sample[: args.conversations], Path(args.output) / "conversations.jsonl")
@@ -81,7 +81,7 @@ def cmd_eval(args) -> None:
     from swiftkv.evaluate import collect_tasks, evaluate_model
     from swiftkv.fidelity import FidelitySettings
     from swiftkv.io import open_output_dir, write_json
-    from swiftkv.loading import load_model
+    from swiftkv.loading import check_base_loaded, check_base_model, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,12 +90,16 @@ def cmd_eval(args) -> None:
     if not tasks and args.no_fidelity:
         raise SwiftKVError("nothing to evaluate: no tasks given and --no-fidelity; pass --tasks-json, "
                            "--bigbench-manifest or --task, or drop --no-fidelity")
+    with_base = args.base and args.base != args.model and not args.no_fidelity  # a base model is its own teacher
+    if with_base:
+        check_base_model(args.model, args.base, args.resources)  # vocabulary and frozen weights, before loading
     dtype = resolve_dtype(args.dtype, args.device)
     model, tokenizer = load_model(args.model, dtype=dtype, resources=args.resources)
     model.to(args.device)
     teacher = None
-    if args.base and args.base != args.model and not args.no_fidelity:  # a base model is its own teacher
+    if with_base:
         teacher, _ = load_model(args.base, dtype=dtype, resources=args.resources)
+        check_base_loaded(model, teacher, args.model, args.base)  # again, for hub ids known only now
         teacher.to(args.device)
     if args.teacher:
         as_teacher(model, args.model)
@@ -110,7 +114,7 @@ def cmd_eval(args) -> None:
         heldout = read_conversations(args.heldout)
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
                                  batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
-    out = open_output_dir(args.output_dir, args.overwrite, "lm-eval results")
+    out = open_output_dir(args.output_dir, args.overwrite, args.output_what)
     if fid is not None:
         fid.update(model=args.model, base=args.base)
         write_json(out / "fidelity.json", fid)
@@ -173,7 +177,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--target-tokens", type=positive_int, default=128, help="scored tokens per conversation")
     p.add_argument("--heldout", default=None, help="held-out conversations JSONL (default: ShareGPT's held-out split)")
     p.add_argument("--seed", type=int, default=0, help="keys and filler positions")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_long_context, output_kind="file")
 
     bb = sub.add_parser("bigbench", help="BIG-bench multiple-choice tasks as offline lm-eval tasks").add_subparsers(
@@ -186,7 +190,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--tarball", required=True)
     p.add_argument("--tasks", nargs="+", required=True, help="task names, e.g. physics goal_step_wikihow/step_inference")
     p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
-    p.set_defaults(func=cmd_bigbench_extract, output_kind="dir")
+    p.set_defaults(func=cmd_bigbench_extract, output_kind="dir", output_what="BIG-bench task.json files",
+                   output_appends=True)
     p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
                       description="Each example goes to the selection or the report split by a hash of the example; "
                       "the first N of each split (in hash order) are written.")
@@ -195,7 +200,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--selection-examples", type=int, default=None, help="examples per task in the selection split")
     p.add_argument("--report-examples", type=int, default=None, help="examples per task in the report split")
     p.add_argument("--output", "-o", required=True, help="output folder (manifest.json, selection/, report/)")
-    p.set_defaults(func=cmd_bigbench_build, output_kind="dir")
+    p.set_defaults(func=cmd_bigbench_build, output_kind="dir", output_what="lm-eval tasks (BIG-bench, cloze format)",
+                   output_appends=True)
 
     p = sub.add_parser("heldout-ppl-task", help="lm-eval perplexity task over held-out ShareGPT (chat template)")
     p.add_argument("model", help="model whose tokenizer and chat template render the conversations")
@@ -205,7 +211,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--conversations", type=int, default=0,
                    help="also save the first N held-out conversations (conversations.jsonl) for swiftkv eval --heldout")
     p.add_argument("--output", "-o", required=True, help="output folder (task YAML, JSONL, manifest.json)")
-    p.set_defaults(func=cmd_heldout_ppl_task, output_kind="dir")
+    p.set_defaults(func=cmd_heldout_ppl_task, output_kind="dir",
+                   output_what="lm-eval perplexity task (held-out ShareGPT)", output_appends=True)
 
     p = sub.add_parser("eval", help="lm-eval tasks (+ teacher fidelity) for a base model or a SwiftKV checkpoint",
                        description="Runs lm_eval.simple_evaluate with an HFLM over the loaded model (SwiftKV "
@@ -234,10 +241,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--fidelity-prompt-tokens", type=int, default=160)
     p.add_argument("--fidelity-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--output-dir", required=True, help="writes lm_eval.json (with tasks) and fidelity.json (with "
                    "--base or a base model, unless --no-fidelity); with fidelity on, the tasks may be left out")
     p.add_argument("--lm-eval-name", default="lm_eval.json", type=_json_file_name,
                    help="file name of the lm-eval result in --output-dir (default lm_eval.json)")
-    p.set_defaults(func=cmd_eval, output_kind="dir")
+    p.set_defaults(func=cmd_eval, output_kind="dir", output_what="lm-eval results", output_appends=True)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from swiftkv.cli.options import add_model_args, as_teacher, non_empty, positive_int, resolve_device, resolve_dtype
+from swiftkv.cli.options import (
+    add_model_args,
+    as_teacher,
+    non_empty,
+    number,
+    positive_int,
+    resolve_device,
+    resolve_dtype,
+)
 from swiftkv.errors import SwiftKVError
 
 
@@ -21,10 +29,18 @@ def cmd_convert(args) -> None:
     from swiftkv.convert import convert_to_swiftkv, save_model_dir
     from swiftkv.loading import load_model
 
-    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources,
+                                  require_tokenizer=False)
     student = convert_to_swiftkv(model, args.num_key_value_layers, args.key_value_group_size)
-    save_model_dir(student, tokenizer, args.output, overwrite=args.overwrite, what="converted SwiftKV checkpoint")
+    save_model_dir(student, tokenizer, args.output, overwrite=args.overwrite, what=args.output_what)
+    _note_no_tokenizer(args, tokenizer)
     print(args.output)
+
+
+def _note_no_tokenizer(args, tokenizer) -> None:
+    if tokenizer is None:
+        print(f"note: {args.model} has no tokenizer, so {args.output} has none either; copy the base model's "
+              "tokenizer files into it before generating or evaluating with it", file=sys.stderr)
 
 
 def cmd_export(args) -> None:
@@ -35,10 +51,12 @@ def cmd_export(args) -> None:
     if config is not None:
         check_arctic_inference_type(config.get("model_type", ""))
 
-    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources)
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources,
+                                  require_tokenizer=False)
     note = export_arctic_inference(model, tokenizer, args.output, overwrite=args.overwrite)
     if note:
         print(note, file=sys.stderr)
+    _note_no_tokenizer(args, tokenizer)
     print(args.output)
 
 
@@ -210,10 +228,12 @@ def add_parsers(sub) -> None:
                        description="Initialise a SwiftKV student from the teacher (reference init) and save it in the "
                        "Snowflake checkpoint format.")
     add_model_args(p)
-    p.add_argument("--num-key-value-layers", "-l", type=int, required=True, help="l: layers that keep their own K/V")
-    p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="g: AcrossKV group size (default 1)")
+    p.add_argument("--num-key-value-layers", "-l", type=positive_int, required=True,
+                   help="l: layers that keep their own K/V")
+    p.add_argument("--key-value-group-size", "-g", type=positive_int, default=1, help="g: AcrossKV group size (default 1)")
     p.add_argument("--output", "-o", required=True, help="output directory")
-    p.set_defaults(func=cmd_convert, output_kind="dir", check_student_shape=True)
+    p.set_defaults(func=cmd_convert, output_kind="dir", output_what="converted SwiftKV checkpoint",
+                   check_student_shape=True)
 
     p = sub.add_parser("export", help="write a SwiftKV checkpoint in the form another serving tool loads",
                        description="--format arctic-inference: a Llama SwiftKV checkpoint that Snowflake's vLLM plugin "
@@ -224,7 +244,7 @@ def add_parsers(sub) -> None:
     add_model_args(p)
     p.add_argument("--format", required=True, choices=["arctic-inference"], help="the target tool's form")
     p.add_argument("--output", "-o", required=True, help="output directory")
-    p.set_defaults(func=cmd_export, output_kind="dir")
+    p.set_defaults(func=cmd_export, output_kind="dir", output_what="arctic-inference checkpoint")
 
     p = sub.add_parser("generate", help="greedy-generate a reply (SwiftKV checkpoints run as the student)")
     add_model_args(p)
@@ -255,8 +275,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--sink-tokens", type=int, default=1,
                    help="first positions (massive activations) left out of the two diagnostics (default 1)")
     p.add_argument("--n-resamples", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--confidence-level", type=float, default=0.95)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--confidence-level", type=number(0, 1, True, True), default=0.95)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda where visible; default)")
     p.set_defaults(func=cmd_simscore, output_kind="file", extra_outputs=_simscore_outputs)
 
@@ -272,11 +292,11 @@ def add_parsers(sub) -> None:
     add_model_args(p)
     p.add_argument("--output", "-o", required=True, help="JSON to write (every candidate, calibration, advice)")
     p.add_argument("--name", default=None, help="model name in the output (default: MODEL)")
-    p.add_argument("--skips", type=float, nargs="+", default=[0.125, 0.25, 0.375, 0.5, 0.625, 0.75],
+    p.add_argument("--skips", type=number(0, 1, True, True), nargs="+", default=[0.125, 0.25, 0.375, 0.5, 0.625, 0.75],
                    help="skipped fractions to try, l = round(L * (1 - s)) (default: 12.5%%, 25%%, ... 75%%)")
     p.add_argument("--group-sizes", "-g", type=positive_int, nargs="+", default=[1],
                    help="AcrossKV group sizes to try at each l; those that divide L - l (default: 1)")
-    p.add_argument("--tolerance", type=float, default=None,
+    p.add_argument("--tolerance", type=number(0), default=None,
                    help="largest held-out KL to the teacher you accept after training (nats/token); gives advice")
     p.add_argument("--trained", default=None,
                    help="CSV of trained students of this model (label, num_key_value_layers, key_value_group_size, "
@@ -288,7 +308,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--context-length", type=positive_int, default=4096,
                    help="prompt length of the saved-FLOPs column (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_advise, output_kind="file")
 
     p = sub.add_parser("flops", help="prefill FLOPs per token (paper Table 1) and KV-cache bytes, from a model config",

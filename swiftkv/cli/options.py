@@ -4,6 +4,7 @@ dtype / device resolution (the core's, imported when a command runs)."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from swiftkv.errors import SwiftKVError
 
@@ -33,6 +34,39 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give an integer >= 0")
+    return value
+
+
+def number(low: float = -math.inf, high: float = math.inf, low_open: bool = False, high_open: bool = False):
+    """argparse type: a finite number in the interval from ``low`` to ``high`` (open at the ends marked so)."""
+    shown = (f"{'(' if low_open or low == -math.inf else '['}{low:g}, "
+             f"{high:g}{')' if high_open or high == math.inf else ']'}")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        below = value < low or (low_open and value == low)
+        above = value > high or (high_open and value == high)
+        if below or above:
+            raise argparse.ArgumentTypeError(f"{value:g} is outside {shown}")
+        return value
+
+    parse.__name__ = "number"  # argparse names the type in its messages
+    return parse
 
 
 def unit_fraction(text: str) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 
 from swiftkv.errors import SwiftKVError
@@ -54,6 +55,16 @@ class DistillSettings:
     checkpoint_every: int = 0  # steps; 0 = ten checkpoints over the run
 
     def validate(self) -> None:
+        for name, low, low_open in (("lr", 0, True), ("weight_decay", 0, False), ("temperature", 0, True),
+                                    ("hidden_weight", 0, False), ("max_grad_norm", 0, False),
+                                    ("warmup_ratio", 0, False), ("decay_ratio", 0, False)):
+            value = getattr(self, name)
+            if value is None and name == "max_grad_norm":
+                continue
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (
+                    low_open and value == low):
+                bound = f"> {low}" if low_open else f">= {low}"
+                raise SwiftKVError(f"{name} must be a finite number {bound}, got {value!r}")
         if self.loss not in LOSSES:
             raise SwiftKVError(f"unknown loss {self.loss!r}; use one of {', '.join(LOSSES)}")
         if self.scope not in SCOPES:

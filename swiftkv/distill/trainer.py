@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from swiftkv.distill.batches import HeldOut, prepare_data
+from swiftkv.distill.guards import DivergenceGuard
 from swiftkv.distill.pair import DistillModel, build_student, compute_loss, trainable_parameters
 from swiftkv.distill.settings import CHECKPOINT_FILE, LOG_FILE, SUMMARY_FILE, DistillSettings
 from swiftkv.errors import SwiftKVError
@@ -250,9 +251,11 @@ def train(
         start_step, tokens_seen, train_seconds = payload["step"], payload["tokens"], payload["train_seconds"]
         logger.info("resuming from %s at step %d/%d", ckpt_dir, start_step, total_steps)
     log = RunLog(ckpt_dir / LOG_FILE, keep_until_step=start_step if payload is not None else None, enabled=main)
+    guard = DivergenceGuard(settings, ckpt_dir, mixed_precision, start_step)  # a non-finite number stops the run
 
     def evaluate(step: int) -> dict:
         metrics = heldout.evaluate()
+        guard.check_eval(step, metrics)
         if metrics:
             log.write({"event": "eval", "step": step, "tokens": tokens_seen, **metrics})
         return metrics
@@ -263,8 +266,8 @@ def train(
     data_iter = accelerator.skip_first_batches(loader, start_step) if start_step else loader
     step = start_step
 
-    def train_step(batch: dict, lr: float | None = None) -> tuple[float, int, float, float]:
-        """One optimizer step at the scheduler's lr (or at ``lr``): (loss, tokens, seconds, lr used)."""
+    def train_step(batch: dict, lr: float | None = None, at: int = 0) -> tuple[float, int, float, float]:
+        """Optimizer step ``at`` at the scheduler's lr (or at ``lr``): (loss, tokens, seconds, lr used)."""
         t0 = time.perf_counter()
         if lr is not None:
             for group in optimizer.param_groups:
@@ -274,8 +277,8 @@ def train(
         with accelerator.autocast():
             loss = compute_loss(out, batch, head, settings)
         accelerator.backward(loss)
-        if settings.max_grad_norm:
-            accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+        grad_norm = accelerator.clip_grad_norm_(params, settings.max_grad_norm or math.inf)  # inf: measured only
+        guard.check_step(at, loss.detach(), grad_norm)
         used = optimizer.param_groups[0]["lr"]  # the rate this step uses
         optimizer.step()
         if lr is None:
@@ -299,12 +302,13 @@ def train(
                 j = read.branch_at + i
                 batch = collate_with("train")(train_items[j * bs:(j + 1) * bs])
                 loss_value, n_tokens, dt, used = train_step({k: v.to(accelerator.device) for k, v in batch.items()},
-                                                            lr=settings.lr * (1 - i / decay))
+                                                            lr=settings.lr * (1 - i / decay), at=j + 1)
                 train_seconds += dt
                 log.write({"event": "train", "branch": read.budget, "step": at, "branch_step": j + 1,
                            "loss": loss_value, "lr": used, "step_s": dt, "tok_per_s": n_tokens / dt})
             pair.eval()
             metrics = heldout.evaluate(per_row=True)
+            guard.check_eval(at, metrics)
             pair.train()
             record = {"event": "budget", "budget": read.budget, "step": at, "steps": read.steps,
                       "tokens": read.tokens, "decay_steps": decay, **metrics}
@@ -333,7 +337,7 @@ def train(
         for batch in data_iter:
             if plan and step >= total_steps:
                 break
-            loss_value, n_tokens, dt, lr = train_step(batch)
+            loss_value, n_tokens, dt, lr = train_step(batch, at=step + 1)
             step += 1
             tokens_seen += n_tokens
             train_seconds += dt
@@ -346,6 +350,7 @@ def train(
             if step % eval_every == 0 and step < total_steps:
                 evaluate(step)
             if step % ckpt_every == 0 and step < total_steps and main:
+                guard.check_weights(step, params, checkpoint=True)
                 save_checkpoint(ckpt_dir / CHECKPOINT_FILE, raw, optimizer, scheduler,
                                 {"fingerprint": fingerprint, "step": step, "tokens": tokens_seen,
                                  "train_seconds": train_seconds})
@@ -362,6 +367,7 @@ def train(
     else:
         final = evaluate(step) if step > 0 or initial is None else initial
 
+    guard.check_weights(step, params)
     records = log.records if main else []
     evals = [r for r in records if r["event"] == "eval"]
     model = raw.model.swiftkv(True)

@@ -42,6 +42,7 @@ from swiftkv.configuration import (  # noqa: F401  (re-exported: the model code'
     init_swiftkv_config_fields,
     validate_swiftkv_config,
 )
+from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()  # keys of the one-time warnings already logged in this process
@@ -292,6 +293,10 @@ class SwiftKVModelMixin:
         swiftkv_keep=None,
         **kwargs,
     ):
+        given = input_ids if input_ids is not None else inputs_embeds
+        if given is not None and given.dim() >= 2 and given.shape[1] == 0:
+            raise SwiftKVError(f"{'input_ids' if input_ids is not None else 'inputs_embeds'} holds no positions "
+                               f"(shape {tuple(given.shape)}); give at least one token per row")
         if not self.config.swiftkv:
             out = super().forward(
                 input_ids=input_ids,
@@ -456,6 +461,51 @@ def select_positions(x: torch.Tensor, keep, dim: int = 1) -> torch.Tensor:
 
 class SwiftKVForCausalLMMixin:
     """Causal LM head over the SwiftKV stack; one model plays teacher and student."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' loader (``AutoModelForCausalLM`` lands here too), refusing in one line a damaged local
+        checkpoint (``swiftkv.loading.check_model_dir``) and one whose weights do not match its config: a weight
+        missing (above all a ``*_swiftkv`` projection l and g imply, which would otherwise start random) or a SwiftKV
+        weight the config has no place for."""
+        from pathlib import Path
+
+        from transformers import PretrainedConfig
+
+        from swiftkv.loading import check_model_dir, check_swiftkv_weights
+
+        local = Path(str(pretrained_model_name_or_path), kwargs.get("subfolder") or "")
+        if local.is_dir() and not kwargs.get("gguf_file"):
+            check_model_dir(local)
+            config = kwargs.get("config")
+            if not isinstance(config, PretrainedConfig):
+                config = cls.config_class.from_pretrained(local)
+            check_swiftkv_weights(local, cls, config)  # before any weight is read (and any progress bar)
+        asked = kwargs.get("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args,
+                                              **{**kwargs, "output_loading_info": True})
+        missing, extra = model.__dict__.pop("_swiftkv_load_problems", ((), ()))
+        if missing or extra:
+            cfg = model.config
+            what, keys = ((f"lacks {len(missing)} weight(s) its config implies", missing) if missing else
+                          (f"holds {len(extra)} SwiftKV weight(s) its config has no place for", extra))
+            raise SwiftKVError(
+                f"{pretrained_model_name_or_path} {what} (l={cfg.num_key_value_layers}, g={cfg.key_value_group_size}"
+                f"; e.g. {', '.join(keys[:3])}): the checkpoint is damaged or its config.json belongs to another "
+                "model; re-create it (swiftkv convert / distill) or restore its files")
+        return (model, info) if asked else model
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        """transformers' hook between reading the weights and reporting on them: what does not fit the config (a
+        missing weight, a SwiftKV weight without a place) is taken out of its report (a table on stderr) and refused
+        in one line by ``from_pretrained``."""
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        missing = sorted(loading_info.missing_keys, key=lambda k: ("_swiftkv" not in k, k))  # SwiftKV ones first
+        extra = sorted(k for k in loading_info.unexpected_keys if "_swiftkv" in k)
+        if missing or extra:
+            self.__dict__["_swiftkv_load_problems"] = (missing, extra)
+            loading_info.missing_keys = set()
+            loading_info.unexpected_keys -= set(extra)
 
     def swiftkv(self, enabled: bool = True):
         """Switch to the student (True: SwiftKV wiring, prefill skip) or the teacher (False); returns the model."""

@@ -7,9 +7,15 @@ through its AcrossKV group leader's ``kv_a_proj_with_mqa_swiftkv`` / ``kv_a_laye
 the leader's ``kv_b_proj_swiftkv``; its queries come from its own stream through ``q_proj_swiftkv`` (or, with a query
 LoRA, ``q_a_proj_swiftkv`` -> ``q_a_layernorm_swiftkv`` -> ``q_b_proj_swiftkv``). These are the names of Snowflake's
 ``deepseek_v2_swiftkv`` model. The cache keeps the latent form (transformers' own MLA cache), one entry per group.
+
+Checkpoints hold the routed experts one by one (``mlp.experts.N.{gate,up,down}_proj.weight``), as transformers itself
+writes ``deepseek_v2`` and as Snowflake's model reads them: transformers' checkpoint conversion for ``deepseek_v2``
+(experts stacked in memory, per expert on disk) applies to ``deepseek_v2_swiftkv`` too (``use_expert_layout``).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -29,6 +35,19 @@ from swiftkv.models.common import SwiftKVAttentionMixin, SwiftKVForCausalLMMixin
 
 MLA_QUERY = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj")  # the teacher's query path (with or without LoRA)
 MLA_KV = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")  # the teacher's latent K/V path
+
+
+@functools.cache
+def use_expert_layout() -> None:
+    """Give ``deepseek_v2_swiftkv`` the checkpoint conversion transformers has for ``deepseek_v2`` (once). Called when
+    a model is built, not at import: transformers builds its table of conversions (~0.4 s) on first use."""
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
+
+    register_checkpoint_conversion_mapping(DeepseekV2SwiftKVConfig.model_type,
+                                           get_checkpoint_conversion_mapping("deepseek_v2"), overwrite=True)
 
 
 def _rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
@@ -112,6 +131,7 @@ class DeepseekV2SwiftKVModel(SwiftKVModelMixin, DeepseekV2Model):
     config_class = DeepseekV2SwiftKVConfig
 
     def __init__(self, config: DeepseekV2SwiftKVConfig):
+        use_expert_layout()  # SwiftKV: checkpoints keep transformers' per-expert layout of deepseek_v2
         super().__init__(config)
         self._init_swiftkv(config, DeepseekV2SwiftKVDecoderLayer)
         self.post_init()

@@ -1,6 +1,7 @@
 # Shared helpers for the rules: model sources and wildcard constraints.
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -11,10 +12,20 @@ from analysis.raw import serving_raw  # a serving study's raw folder (rule raw_s
 
 MODELS = {m["id"]: m for m in config["models"]}
 
+# Embedded models live in this workflow's resources/, where prepare_model writes them; every job reads them from
+# there, whatever SWIFTKV_RESOURCES the shell exports (the swiftkv CLI's default for --resources).
+RESOURCES = "resources"
+os.environ.update(SWIFTKV_RESOURCES=RESOURCES)  # (set for the jobs, not read: no `envvars:` to assert)
+
 
 def output_dir(wildcards, output):
     """params function: the folder of a rule's first output (for commands that take a folder and name the files)."""
     return str(Path(output[0]).parent)
+
+
+def resources_root(wildcards, output):
+    """params function: the resources folder a model directory output (resources/models/<id>) lies in."""
+    return str(Path(output[0]).parent.parent)
 
 
 def _all_cores():
@@ -103,18 +114,30 @@ def load_variants(path):
         if not 1 <= l <= L or (L - l) % g:
             stop(f"{path}: {row.model}/{row.variant}: l={l}, g={g} invalid for L={L} layers "
                  "(need 1 <= l <= L and g dividing L - l)")
+        heads, kv = model_dim(row.model, "num_attention_heads"), model_dim(row.model, "num_key_value_heads")
+        n_kv = None if pd.isna(row.kv_heads) else int(row.kv_heads)
+        if n_kv and heads and kv and (heads % n_kv or kv % n_kv):
+            fits = [d for d in range(1, kv + 1) if kv % d == 0 and heads % d == 0]
+            stop(f"{path}: {row.model}/{row.variant}: kv_heads={n_kv} must divide the model's {heads} attention "
+                 f"heads and {kv} KV heads; use one of {fits}")
     return sheet.set_index(["model", "variant"], drop=False)
 
 
-def model_layers(model):
-    """L of a model: from config/models/<model>.json (paper models) or distill.num_hidden_layers in the profile."""
-    known = config.get("distill", {}).get("num_hidden_layers", {})
+def model_dim(model, key):
+    """A size of a model (num_hidden_layers, num_attention_heads, num_key_value_heads): the profile's distill.<key>,
+    else config/models/<model>.json (paper models), else None (checked when one of its rows is requested)."""
+    known = config.get("distill", {}).get(key, {})
     if model in known:
         return known[model]
     path = Path(workflow.basedir) / "config" / "models" / f"{model}.json"
     if path.is_file():
-        return json.loads(path.read_text())["num_hidden_layers"]
+        return json.loads(path.read_text()).get(key)
     return None
+
+
+def model_layers(model):
+    """L of a model (``model_dim``)."""
+    return model_dim(model, "num_hidden_layers")
 
 
 VARIANTS = load_variants(config["distill"]["variants"]) if "distill" in config else None

@@ -6,5 +6,7 @@ rule prepare_model:
         directory("resources/models/{model}"),
     log:
         "logs/prepare_model/{model}.log",
+    params:
+        resources=resources_root,
     shell:
-        "swiftkv prepare-model {wildcards.model} --force > {log} 2>&1"
+        "swiftkv prepare-model {wildcards.model} --resources {params.resources} --force > {log} 2>&1"

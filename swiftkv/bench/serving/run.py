@@ -10,7 +10,7 @@ from pathlib import Path
 
 from swiftkv.bench.serving.variants import parse_variants
 from swiftkv.errors import SwiftKVError
-from swiftkv.io import open_output_dir, write_json
+from swiftkv.io import check_output_dir, open_output_dir, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -198,8 +198,9 @@ def _run_vllm(request: ServeRequest, specs, filters) -> dict:
         raise SwiftKVError("vLLM needs a model directory or hub id, not a config JSON (random weights are hf-only)")
     dtype = request.dtype if request.dtype != "auto" else str(fast_dtype(request.device)).replace("torch.", "")
     model = resolve_model(request.model, request.resources)  # a bad model fails before anything is written
-    workdir = open_output_dir(request.workdir or Path(request.output).with_suffix(""), request.overwrite,
-                              "vLLM raw outputs and logs").resolve()
+    what = "vLLM raw outputs and logs"
+    workdir = check_output_dir(request.workdir or Path(request.output).with_suffix(""), request.overwrite, what,
+                               replace=False).resolve()  # created once the engine is known to run here
     settings = VllmSettings(
         command=shlex.split(request.vllm_command), device=request.device, dtype=dtype,
         kv_cache_bytes=int(request.kv_cache_mib * MIB) if request.kv_cache_mib else None, max_model_len=request.max_model_len,
@@ -217,6 +218,7 @@ def _run_vllm(request: ServeRequest, specs, filters) -> dict:
         print(f"not measured here: {why}", file=sys.stderr)
         rows = [{"variant": s.id, "label": s.label or s.id, "status": "not_measured", "reason": str(why)} for s in specs]
         return {**info, "status": "not_measured", "reason": str(why), "results": rows}
+    open_output_dir(workdir, request.overwrite, what)
     rows = _study(engine, request, filters)
     return {**info, "status": "measured", "engine_version": f"vllm {engine.version}", "results": rows,
             "platform": platform.platform()}
