@@ -54,7 +54,9 @@ def test_shared_prefix_step_equals_the_naive_step_on_a_packed_row(setup):
     assert naive.item() > 0.1  # the converted student really differs from the teacher
     torch.testing.assert_close(shared, naive, rtol=1e-4, atol=1e-5)
     for a, b in zip(shared_grads, naive_grads):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+        # fp32 summation order differs between the two paths and between CPUs (a 1.4e-6 difference on one element
+        # was seen on an AMD EPYC): the absolute tolerance scales with the gradient, a real error would not
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4 * b.abs().max().item())
 
 
 def test_cached_step_equals_the_shared_prefix_step_on_a_packed_row(setup):
