@@ -1,5 +1,6 @@
 # swiftkv: the paper as a DAG. This file is an index; the rules live in workflow/rules/.
-#   snakemake --cores all reports/table2.csv                          (default profile, embedded models)
+#   snakemake --cores all results/reports/table2.csv                  (default profile, embedded models)
+#   python -m analysis.reproduce                                      (did it reproduce the committed reports/?)
 #   snakemake --cores all --configfile config/ci.yaml <target>        (CI profile: tiny sizes)
 #   snakemake --cores all --configfile config/paper.yaml <target>     (paper profile: hub models, GPUs)
 from pathlib import Path
@@ -19,6 +20,7 @@ validate(config, "workflow/schemas/config.schema.yaml")  # (after that check: Sn
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/roots.smk"  # {root}: results/reports (a run) or reports (committed)
 include: "workflow/rules/models.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/distill.smk"
@@ -33,7 +35,7 @@ include: "workflow/rules/report.smk"
 
 rule all:
     input:
-        "reports/table1.csv",
-        "reports/table_kv_memory.csv",
-        "reports/figure2_simscore.png",
-        "reports/figure2_forward_time.png",
+        "results/reports/table1.csv",
+        "results/reports/table_kv_memory.csv",
+        "results/reports/figure2_simscore.png",
+        "results/reports/figure2_forward_time.png",

@@ -174,30 +174,19 @@ def _fmt(v: float) -> str:
     return "nan" if math.isnan(v) else f"{v:.4g}"
 
 
-# The raw folder each evidence table is rendered from (workflow/rules: its make_* rule's input), whose manifest names
-# the commit that computed it.
-RAW_OF = {"table1.csv": "flops", "table_kv_memory.csv": "flops", "simscore_crossings.csv": "simscore",
-          "table2.csv": "table2", "table4a.csv": "table4a", "table4b.csv": "table4b", "tableB1.csv": "tableB1",
-          "tableB2.csv": "tableB2", "seeds.csv": "seeds", "budget_scaling.csv": "budget_scaling",
-          "table_advisor_calibration.csv": "advisor", "table_long_context.csv": "long_context",
-          "table_serving_fidelity.csv": "served_fidelity", "table3.csv": "serving/kv-limit",
-          "tableA3.csv": "serving/sharegpt"}
-
-
 def evidence_commit(path: str | Path, commits: dict[str, str], default: str) -> str:
-    """The commit that computed one evidence file: ``commits`` by file name where given (``seeds.csv``); else the
-    manifest's ``collected_at`` of a raw folder, or of the raw folder a table is rendered from (``RAW_OF``); else
-    ``default``."""
-    import json
-
-    from analysis.raw import MANIFEST
+    """The commit(s) that computed one evidence file: ``commits`` by file name where given (``seeds.csv``); else what
+    its raw folder records (``analysis.raw.computed_at``: each file's own commit where recorded, else the folder's
+    ``collected_at``; several joined by commas) — the folder itself for a manifest, or the raw folder a table is
+    rendered from (``analysis.raw.TABLE_RAW``); else ``default``."""
+    from analysis.raw import MANIFEST, TABLE_RAW, computed_at
 
     path = Path(path)
     if path.name in commits:
         return commits[path.name]
-    manifest = path if path.name == MANIFEST else path.parent / "raw" / RAW_OF.get(path.name, "-") / MANIFEST
-    if manifest.is_file():
-        return str(json.loads(manifest.read_text()).get("collected_at") or default)
+    folder = path.parent if path.name == MANIFEST else path.parent / "raw" / TABLE_RAW.get(path.stem, "-")
+    if (folder / MANIFEST).is_file():
+        return ",".join(computed_at(folder)) or default
     return default
 
 

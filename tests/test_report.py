@@ -1,6 +1,7 @@
 """The report page: Markdown tables, a self-contained page led by the registered claims, provenance."""
 
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -57,17 +58,61 @@ def test_the_page_leads_with_the_registered_claims():
     assert page.count("not measured yet") == awaiting
 
 
-@pytest.mark.parametrize("profile", ["config/config.yaml", "config/ci.yaml"])
-def test_report_rule_is_in_the_dag(profile, tmp_path):
+def planned_jobs(profile: str, *targets: str) -> list[dict]:
+    """Every job of a dry run with --forceall: rule, inputs and outputs."""
     import subprocess
     import sys
-    from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "reports/report.html",
+    out = subprocess.run([sys.executable, "-m", "snakemake", *targets, "-n", "--forceall", "--nolock", "--cores", "1",
                           f"--configfile={profile}"], cwd=repo, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "render_report" in out.stdout + out.stderr
+    jobs = []
+    for m in re.finditer(r"^(?:local)?rule (\S+):\n((?: {4}.*\n)+)", out.stdout, re.M):
+        fields = dict(line.strip().split(": ", 1) for line in m.group(2).splitlines() if ": " in line)
+        jobs.append({"rule": m.group(1), **{k: fields.get(k, "").split(", ") if fields.get(k) else []
+                                            for k in ("input", "output")}})
+    assert jobs, out.stdout[-2000:]
+    return jobs
+
+
+USER_TARGETS = {"config/config.yaml": ("all", "results/reports/report.html"),
+                "config/ci.yaml": ("results/reports/report.html",),
+                "config/paper.yaml": ("results/reports/report.html",)}
+
+
+@pytest.mark.parametrize("profile", list(USER_TARGETS))
+def test_a_run_writes_nothing_under_the_committed_reports(profile):
+    """The user-facing targets of every profile render the run's own page under results/reports/, from the run's
+    own raw folders: no job writes (or reads) anything under reports/."""
+    jobs = planned_jobs(profile, *USER_TARGETS[profile])
+    assert "render_report" in {j["rule"] for j in jobs}
+    assert [o for j in jobs for o in j["output"] if o.startswith("reports/")] == []
+    assert [i for j in jobs for i in j["input"] if i.startswith("reports/")] == []
+    raw = {o for j in jobs if j["rule"].startswith("raw_") for o in j["output"]}
+    assert raw and all(o.startswith("results/reports/raw/") for o in raw)
+    if profile == "config/config.yaml":  # every study of the layout (analysis.raw.STUDIES) has its raw_* rule
+        from analysis.raw import RUN, STUDIES
+
+        assert raw == {f"{RUN}/raw/{s}" for s in STUDIES}
+
+
+def test_the_committed_reports_render_from_the_committed_raw_folders_only():
+    """reports/* re-render (publish: --forceall) from reports/raw/* and reports/provenance.json, which no rule
+    writes: only table, figure, claims and page jobs, reading committed files."""
+    from analysis.raw import verify
+
+    jobs = planned_jobs("config/config.yaml", "reports/report.html")
+    rules = {j["rule"] for j in jobs}
+    assert rules >= {"make_table", "make_claims", "render_report"}
+    assert all(r.startswith(("make_", "plot_")) or r == "render_report" for r in rules), rules
+    outputs = [o for j in jobs for o in j["output"]]
+    assert all(o.startswith("reports/") and not o.startswith("reports/raw/") for o in outputs), outputs
+    inputs = {i for j in jobs for i in j["input"]} - set(outputs)
+    repo = Path(__file__).resolve().parents[1]
+    assert all(i.startswith(("reports/raw/", "analysis/", str(repo / "workflow" / "report")))
+               or i == "reports/provenance.json" for i in inputs), inputs
+    assert all(verify(repo / i) == [] for i in inputs if i.startswith("reports/raw/"))
 
 
 def test_report_checks_find_what_is_wrong(tmp_path):

@@ -108,7 +108,7 @@ def test_check_against_separate_runs_uses_the_registered_tolerance():
 
 @needs_snakemake
 def test_the_study_runs_one_wsd_run_per_row_and_checks_with_cosine_runs():
-    out = dry_run("reports/budget_scaling.csv", "config/ci.yaml", flags=("-p", "--forceall"))
+    out = dry_run("results/reports/budget_scaling.csv", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     runs = [line for line in lines if " distill smollm2-135m" in line and "results/budget_scaling" in line]
@@ -128,7 +128,8 @@ def test_the_study_runs_one_wsd_run_per_row_and_checks_with_cosine_runs():
 @needs_snakemake
 def test_a_run_of_the_study_that_is_not_in_the_sheet_is_one_clear_line(tmp_path):
     (tmp_path / "c.yaml").write_text("budget_scaling:\n  runs:\n    x: {variant: swiftkv-99}\n")
-    out = dry_run("reports/budget_scaling.csv", "config/ci.yaml", str(tmp_path / "c.yaml"), flags=("-p", "--forceall"))
+    out = dry_run("results/reports/budget_scaling.csv", "config/ci.yaml", str(tmp_path / "c.yaml"),
+                  flags=("-p", "--forceall"))
     assert out.returncode != 0
     assert "swiftkv-99" in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr
 

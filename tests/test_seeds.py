@@ -156,7 +156,7 @@ def test_the_profile_trains_each_scope_with_the_lr_the_committed_sweep_chose():
 
 @needs_snakemake
 def test_seed_runs_are_the_tables_recipe_with_another_seed_and_cache():
-    out = dry_run("reports/seeds.csv", "config/ci.yaml", flags=("-p", "--forceall"))
+    out = dry_run("results/reports/seeds.csv", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     cmds = [line for line in out.stdout.splitlines() if " distill smollm2-135m" in line and "/seed-1/" in line]
     variants = sorted(c.split("--name ")[1].split()[0] for c in cmds)
@@ -172,7 +172,7 @@ def test_seed_runs_are_the_tables_recipe_with_another_seed_and_cache():
 
 @needs_snakemake
 def test_lr_sweep_runs_and_lr_by_scope_reach_the_trainer(tmp_path):
-    out = dry_run("reports/lr_sweep.csv", "config/ci.yaml", flags=("-p", "--forceall"))
+    out = dry_run("results/reports/lr_sweep.csv", "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     cmds = [line for line in out.stdout.splitlines() if " distill smollm2-135m" in line and "lr_sweep" in line]
     assert sorted((c.split("--name ")[1].split()[0], c.split("--lr ")[1].split()[0]) for c in cmds) == [
@@ -302,6 +302,6 @@ def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monke
 @needs_snakemake
 def test_a_seeds_row_that_is_not_in_the_sheet_is_one_clear_line(tmp_path):
     (tmp_path / "c.yaml").write_text("seeds:\n  variants: [swiftkv-50, swiftkv-51]\n")
-    out = dry_run("reports/seeds.csv", "config/ci.yaml", str(tmp_path / "c.yaml"))
+    out = dry_run("results/reports/seeds.csv", "config/ci.yaml", str(tmp_path / "c.yaml"))
     assert out.returncode != 0 and "Traceback" not in out.stdout + out.stderr
     assert "config seeds.variants: swiftkv-51 of smollm2-135m are not rows of the variants sheet" in out.stderr

@@ -438,8 +438,8 @@ def test_report_tables_and_figures(tmp_path):
 
 # -- the rules -----------------------------------------------------------------------------------------------
 
-SERVE_TARGETS = ["reports/figure3_throughput.png", "reports/figure4_latency.png", "reports/table3.csv",
-                 "reports/tableA3.csv"]
+SERVE_TARGETS = ["results/reports/figure3_throughput.png", "results/reports/figure4_latency.png",
+                 "results/reports/table3.csv", "results/reports/tableA3.csv"]
 
 
 @pytest.mark.parametrize("profile", ["config/config.yaml", "config/ci.yaml"])

@@ -66,7 +66,7 @@ def test_every_distill_command_trains_exactly_its_sheet_row():
     from swiftkv.cli import build_parser
     from swiftkv.cli.distill import distill_settings
 
-    out = dry_run("reports/report.html", "config/ci.yaml", flags=("-p", "--forceall", "--cores", "2"))
+    out = dry_run("results/reports/report.html", "config/ci.yaml", flags=("-p", "--forceall", "--cores", "2"))
     assert out.returncode == 0, out.stderr
     cmds = [shlex.split(line.split(">")[0]) for line in out.stdout.splitlines()
             if line.lstrip().startswith(("swiftkv distill ", "Shell command: swiftkv distill "))]

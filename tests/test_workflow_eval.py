@@ -12,8 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
-TABLES = ["reports/table2.csv", "reports/table4a.csv", "reports/table4b.csv", "reports/tableB1.csv",
-          "reports/tableB2.csv"]
+TABLES = [f"results/reports/{t}.csv" for t in ("table2", "table4a", "table4b", "tableB1", "tableB2")]
 
 
 def dry_run(targets: list[str], *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
@@ -40,7 +39,7 @@ def test_all_five_tables_in_the_ci_profile():
     native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
     assert counts["eval_swiftkv"] == len(native) + len(sheet_rows("tableB1"))  # + the FP8 rows of Table B.1
     assert counts["heldout_swiftkv"] == counts["eval_swiftkv"]  # each row's held-out measures in their own job
-    assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own committed raw folder
+    assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
 
 
@@ -63,7 +62,7 @@ def test_eval_jobs_wire_checkpoint_tasks_and_cache():
 
 
 def test_paper_profile_uses_the_papers_tasks():
-    out = dry_run(["reports/table2.csv"], "config/paper.yaml")
+    out = dry_run(["results/reports/table2.csv"], "config/paper.yaml")
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
     assert "write_eval_tasks" in counts and "eval_selection_split" not in counts

@@ -1,8 +1,8 @@
 # Rules of the advisor stage (issue 18, part 2; see the Snakefile index): where to cut, before any training.
 #
 #   results/advise/{model}.json          swiftkv advise: every candidate (l, g), its SimScore, untrained KL, savings
-#   reports/raw/advisor                  those results, committed with a manifest (analysis/raw.py)
-#   reports/table_advisor.csv, reports/table_advisor_calibration.csv, reports/figure_advisor.png
+#   <root>/raw/advisor                   those results with a manifest (analysis/raw.py; {root}: roots.smk)
+#   <root>/table_advisor.csv, <root>/table_advisor_calibration.csv, <root>/figure_advisor.png
 #
 # The untrained KL is the measure of Table 2's kl column (teacher-forced on the fidelity measure's held-out
 # conversations, eval.fidelity.tokens each), so the page calibrates it against Table 2's trained rows.
@@ -43,26 +43,26 @@ rule raw_advisor:
     input:
         advise_results(),
     output:
-        directory("reports/raw/advisor"),
+        raw_folder("advisor"),
     log:
         "logs/raw_advisor.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_advisor:
     input:
-        raw="reports/raw/advisor",
-        table2="reports/table2.csv",
+        raw="{root}/raw/advisor",
+        table2="{root}/table2.csv",
     output:
-        table=report("reports/table_advisor.csv", caption="../report/advisor.rst", category="Advisor"),
-        calibration=report("reports/table_advisor_calibration.csv", caption="../report/advisor.rst",
+        table=report("{root}/table_advisor.csv", caption="../report/advisor.rst", category="Advisor"),
+        calibration=report("{root}/table_advisor_calibration.csv", caption="../report/advisor.rst",
                            category="Advisor"),
-        figure=report("reports/figure_advisor.png", caption="../report/advisor.rst", category="Advisor"),
+        figure=report("{root}/figure_advisor.png", caption="../report/advisor.rst", category="Advisor"),
     log:
-        "logs/make_advisor.log",
+        "logs/make_advisor/{root}.log",
     params:
         sources=advise_results(),
         rows=eval_variant_rows(),

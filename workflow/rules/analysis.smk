@@ -19,8 +19,9 @@ def flops_context_length(wildcards):
 FLOPS_TABLE1_MODELS = list(dict.fromkeys(config["flops"]["table1_models"] + list(MODELS)))
 FLOPS_KV_MODELS = list(dict.fromkeys(config["flops"]["kv_memory_models"] + list(MODELS)))
 
-# The results behind each analysis figure and table, committed as reports/raw/<study> with a manifest (analysis/raw.py);
-# the figure and table rules read them from there, so that a clone re-derives them (issue 16, item 6).
+# The results behind each analysis figure and table, collected as a run's raw folder <root>/raw/<study> with a
+# manifest (analysis/raw.py); the figure and table rules read them from there, so that a clone re-derives them from
+# the committed reports/raw/<study> (issue 16, item 6).
 ANALYSIS_RAW = {
     "flops": [f"results/flops/{m}.json" for m in dict.fromkeys(FLOPS_TABLE1_MODELS + FLOPS_KV_MODELS)],
     "simscore": [f"results/simscore/{m}.{ext}" for m in config["simscore"]["models"] for ext in ("csv", "json")],
@@ -39,13 +40,13 @@ rule raw_analysis:
     input:
         lambda w: ANALYSIS_RAW[w.study],
     output:
-        directory("reports/raw/{study}"),
+        raw_folder("{study}"),
     wildcard_constraints:
         study="|".join(ANALYSIS_RAW),
     log:
         "logs/raw_analysis/{study}.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
@@ -67,12 +68,12 @@ rule compute_flops:
 
 rule make_table1:
     input:
-        raw="reports/raw/flops",
+        raw="{root}/raw/flops",
     output:
-        csv=report("reports/table1.csv", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
-        md=report("reports/table1.md", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
+        csv=report("{root}/table1.csv", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
+        md=report("{root}/table1.md", caption="../report/table1.rst", category="Table 1: prefill FLOPs"),
     log:
-        "logs/make_table1/table1.log",
+        "logs/make_table1/{root}/table1.log",
     params:
         sources=expand("results/flops/{model}.json", model=FLOPS_TABLE1_MODELS),
     script:
@@ -81,12 +82,12 @@ rule make_table1:
 
 rule make_table_kv_memory:
     input:
-        raw="reports/raw/flops",
+        raw="{root}/raw/flops",
     output:
-        csv=report("reports/table_kv_memory.csv", caption="../report/table_kv_memory.rst", category="KV memory"),
-        md=report("reports/table_kv_memory.md", caption="../report/table_kv_memory.rst", category="KV memory"),
+        csv=report("{root}/table_kv_memory.csv", caption="../report/table_kv_memory.rst", category="KV memory"),
+        md=report("{root}/table_kv_memory.md", caption="../report/table_kv_memory.rst", category="KV memory"),
     log:
-        "logs/make_table_kv_memory/table_kv_memory.log",
+        "logs/make_table_kv_memory/{root}/table_kv_memory.log",
     params:
         sources=expand("results/flops/{model}.json", model=FLOPS_KV_MODELS),
     script:
@@ -119,13 +120,13 @@ rule compute_simscore:
 
 rule plot_simscore:
     input:
-        raw="reports/raw/simscore",
+        raw="{root}/raw/simscore",
     output:
-        figure=report("reports/figure2_simscore.png", caption="../report/figure2_simscore.rst", category="Figure 2"),
-        crossings=report("reports/simscore_crossings.csv", caption="../report/simscore_crossings.rst",
+        figure=report("{root}/figure2_simscore.png", caption="../report/figure2_simscore.rst", category="Figure 2"),
+        crossings=report("{root}/simscore_crossings.csv", caption="../report/simscore_crossings.rst",
                          category="Figure 2"),
     log:
-        "logs/plot_simscore/figure2_simscore.log",
+        "logs/plot_simscore/{root}/figure2_simscore.log",
     params:
         csv=analysis_sources("simscore", "*.csv"),
         meta=analysis_sources("simscore", "*.json"),
@@ -156,11 +157,11 @@ rule bench_forward_time:
 
 rule plot_forward_time:
     input:
-        raw="reports/raw/forward_time",
+        raw="{root}/raw/forward_time",
     output:
-        report("reports/figure2_forward_time.png", caption="../report/figure2_forward_time.rst", category="Figure 2"),
+        report("{root}/figure2_forward_time.png", caption="../report/figure2_forward_time.rst", category="Figure 2"),
     log:
-        "logs/plot_forward_time/figure2_forward_time.log",
+        "logs/plot_forward_time/{root}/figure2_forward_time.log",
     params:
         sources=ANALYSIS_RAW["forward_time"],
     script:

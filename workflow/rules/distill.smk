@@ -98,31 +98,32 @@ CURVE_RUNS = {
 }
 
 
-# The two runs' logs and summaries (never the weights), committed as reports/raw/distill_curve (analysis/raw.py).
+# The two runs' logs and summaries (never the weights), collected as the run's raw folder distill_curve
+# (analysis/raw.py).
 rule raw_distill_curve:
     input:
         **CURVE_RUNS,
     output:
-        directory("reports/raw/distill_curve"),
+        raw_folder("distill_curve"),
     log:
         "logs/raw_distill_curve.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule plot_distill_curve:
     input:
-        raw="reports/raw/distill_curve",
+        raw="{root}/raw/distill_curve",
     output:
         report(
-            "reports/figure_distill_curve.png",
+            "{root}/figure_distill_curve.png",
             caption="../report/figure_distill_curve.rst",
             category="Distillation",
         ),
     log:
-        "logs/plot_distill_curve/figure.log",
+        "logs/plot_distill_curve/{root}/figure.log",
     params:
         runs=CURVE_RUNS,
         table_tokens=config["distill"]["tokens"],

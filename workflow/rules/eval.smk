@@ -258,29 +258,30 @@ rule heldout_swiftkv:
 # -- tables ---------------------------------------------------------------------------------------------------------
 
 
-# The small files behind a table (its rows' evaluations and the task list), committed as reports/raw/<table> with a
-# manifest (analysis/raw.py), so that the table and the claims it decides are re-derived from a clone.
+# The small files behind a table (its rows' evaluations and the task list), collected as the run's raw folder with a
+# manifest (analysis/raw.py), so that the table and the claims it decides are re-derived from it (and, once
+# published, from a clone: reports/raw/<table>).
 rule raw_table:
     input:
         unpack(table_inputs),
     output:
-        directory("reports/raw/{table}"),
+        raw_folder("{table}"),
     log:
         "logs/raw_table/{table}.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_table:
     input:
-        raw="reports/raw/{table}",
+        raw="{root}/raw/{table}",
     output:
-        csv=report("reports/{table}.csv", caption="../report/accuracy_table.rst", category="Accuracy"),
-        md=report("reports/{table}.md", caption="../report/accuracy_table.rst", category="Accuracy"),
+        csv=report("{root}/{table}.csv", caption="../report/accuracy_table.rst", category="Accuracy"),
+        md=report("{root}/{table}.md", caption="../report/accuracy_table.rst", category="Accuracy"),
     log:
-        "logs/make_table/{table}.log",
+        "logs/make_table/{root}/{table}.log",
     params:
         rows=table_rows,
         bootstrap=EVAL["bootstrap"],

@@ -1,8 +1,8 @@
 # Rules of the long-context stage (issue 18, part 1; see the Snakefile index): quality against prompt length.
 #
 #   results/long_context/{model}/{variant}.json   swiftkv long-context: passkey readings and likelihood vs context
-#   reports/raw/long_context                      those results, committed with a manifest (analysis/raw.py)
-#   reports/table_long_context.csv, reports/figure_long_context.png
+#   <root>/raw/long_context                       those results with a manifest (analysis/raw.py; roots.smk)
+#   <root>/table_long_context.csv, <root>/figure_long_context.png
 #
 # The students are the tables' own (rule distill_swiftkv, trained on rows of distill.max_length tokens): the study
 # asks how the students the tables evaluate behave on longer prompts than they were trained on.
@@ -55,24 +55,25 @@ rule raw_long_context:
     input:
         long_context_results(),
     output:
-        directory("reports/raw/long_context"),
+        raw_folder("long_context"),
     log:
         "logs/raw_long_context.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_long_context:
     input:
-        raw="reports/raw/long_context",
+        raw="{root}/raw/long_context",
     output:
-        table=report("reports/table_long_context.csv", caption="../report/long_context.rst", category="Beyond the paper"),
-        figure=report("reports/figure_long_context.png", caption="../report/long_context.rst",
+        table=report("{root}/table_long_context.csv", caption="../report/long_context.rst",
+                     category="Beyond the paper"),
+        figure=report("{root}/figure_long_context.png", caption="../report/long_context.rst",
                       category="Beyond the paper"),
     log:
-        "logs/make_long_context.log",
+        "logs/make_long_context/{root}.log",
     params:
         sources=long_context_results(),
         labels=lambda w: {r["variant"]: r["label"] for r in eval_variant_rows()},

@@ -164,11 +164,11 @@ rule raw_budget_scaling:
     input:
         unpack(scaling_inputs),
     output:
-        directory("reports/raw/budget_scaling"),
+        raw_folder("budget_scaling"),
     log:
         "logs/raw_budget_scaling.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
@@ -180,13 +180,13 @@ def scaling_labels():
 
 rule make_budget_scaling:
     input:
-        raw="reports/raw/budget_scaling",
+        raw="{root}/raw/budget_scaling",
     output:
-        csv=report("reports/budget_scaling.csv", caption="../report/budget_scaling.rst", category="Distillation"),
-        figure=report("reports/figure_budget_scaling.png", caption="../report/budget_scaling.rst",
+        csv=report("{root}/budget_scaling.csv", caption="../report/budget_scaling.rst", category="Distillation"),
+        figure=report("{root}/figure_budget_scaling.png", caption="../report/budget_scaling.rst",
                       category="Distillation"),
     log:
-        "logs/make_budget_scaling.log",
+        "logs/make_budget_scaling/{root}.log",
     params:
         study=SCALING,
         bootstrap=EVAL["bootstrap"],

@@ -99,28 +99,28 @@ rule fidelity_swiftkv_seed:
         HELDOUT_SHELL
 
 
-# The small files behind reports/seeds.csv, committed (reports/raw/seeds: evaluations, training summaries and logs,
-# no checkpoints), so that the table and the claims it decides are re-derived from a clone (analysis/raw.py).
+# The small files behind seeds.csv (raw folder seeds: evaluations, training summaries and logs, no checkpoints), so
+# that the table and the claims it decides are re-derived from them (analysis/raw.py).
 rule raw_seeds:
     input:
         unpack(seeds_inputs),
     output:
-        directory("reports/raw/seeds"),
+        raw_folder("seeds"),
     log:
         "logs/raw_seeds.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_seeds:
     input:
-        raw="reports/raw/seeds",
+        raw="{root}/raw/seeds",
     output:
-        report("reports/seeds.csv", caption="../report/seeds.rst", category="Accuracy"),
+        report("{root}/seeds.csv", caption="../report/seeds.rst", category="Accuracy"),
     log:
-        "logs/make_seeds.log",
+        "logs/make_seeds/{root}.log",
     params:
         models=seeds_params(),
         reference=SEEDS["reference"] if SEEDS else {},
@@ -167,22 +167,22 @@ rule raw_lr_sweep:
     input:
         lr_sweep_runs(),
     output:
-        directory("reports/raw/lr_sweep"),
+        raw_folder("lr_sweep"),
     log:
         "logs/raw_lr_sweep.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_lr_sweep:
     input:
-        raw="reports/raw/lr_sweep",
+        raw="{root}/raw/lr_sweep",
     output:
-        report("reports/lr_sweep.csv", caption="../report/lr_sweep.rst", category="Distillation"),
+        report("{root}/lr_sweep.csv", caption="../report/lr_sweep.rst", category="Distillation"),
     log:
-        "logs/make_lr_sweep.log",
+        "logs/make_lr_sweep/{root}.log",
     params:
         runs=lr_sweep_runs(),
         configured={scope: config["distill"].get("lr_by_scope", {}).get(scope, config["distill"].get("overrides", {})

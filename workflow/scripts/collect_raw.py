@@ -1,16 +1,22 @@
-"""Adapter for rules raw_seeds / raw_lr_sweep: the small files of the inputs (files, and the summaries and logs of
-run directories) -> reports/raw/<study>/ with its manifest (analysis/raw.py)."""
+"""Adapter for the raw_* rules: the small files of the inputs (files, and the summaries and logs of run directories)
+-> the run's raw folder results/reports/raw/<study> with its manifest (analysis/raw.py)."""
 import logging
 from pathlib import Path
 
-from analysis.raw import collect
+from analysis.raw import collect, uncommitted
 from swiftkv.bench.provenance import git_commit
 from swiftkv.io import atomic_dir
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the tables read; never the weights
+params = snakemake.params  # noqa: F821
 sources = [p for p in snakemake.input if Path(p).is_file()]  # noqa: F821
 sources += [f"{d}/{name}" for d in snakemake.input if Path(d).is_dir() for name in RUN_FILES]  # noqa: F821
-with atomic_dir(snakemake.output[0], overwrite=True, what="raw results (analysis/raw.py)") as tmp:  # noqa: F821
-    manifest = collect(sources, tmp, snakemake.params.config_hash, git_commit())  # noqa: F821
-logging.info("%d files, %d bytes", len(manifest["files"]), sum(f["bytes"] for f in manifest["files"].values()))
+commit = git_commit()
+dirty = uncommitted() if commit.endswith("+dirty") else None  # recorded and marked; analysis.publish refuses it
+out = Path(snakemake.output[0])  # noqa: F821
+with atomic_dir(out, overwrite=True, what="raw results (analysis/raw.py)") as tmp:  # written as tmp, renamed to out
+    manifest = collect(sources, tmp, params.config_hash, commit, profile=params.profile, overrides=params.overrides,
+                       dirty=dirty, study=out.name)
+logging.info("%d files, %d bytes, collected at %s", len(manifest["files"]),
+             sum(f["bytes"] for f in manifest["files"].values()), commit)

