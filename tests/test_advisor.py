@@ -210,4 +210,4 @@ def test_committed_advisor_tables_regenerate_from_their_raw_results_and_the_read
     assert cands.to_csv(index=False, float_format="%.4f") == (root / "reports" / "table_advisor.csv").read_text()
     assert cal.to_csv(index=False, float_format="%.4f") == (root / "reports" / "table_advisor_calibration.csv").read_text()
     committed = [pd.read_csv(root / "reports" / n) for n in ("table_advisor.csv", "table_advisor_calibration.csv")]
-    assert advisor_markdown(*committed) in (root / "README.md").read_text()  # generated from the CSVs, not typed
+    assert advisor_markdown(*committed) in (root / "reports" / "README.md").read_text()  # generated from the CSVs, not typed

@@ -1,45 +1,51 @@
-"""The README's measured numbers are generated (analysis.readme), never typed: every block equals what the committed
-reports give, and the generators read what they should."""
+"""The measured numbers live in a generated page (reports/README.md, analysis.readme), never in the project's
+README.md: the committed page is what the committed reports give, every section is there, and README.md holds no
+number that a run could move."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
-from analysis.readme import BLOCKS, forward_time_markdown, main, regenerate, replace_block, simscore_markdown
+from analysis.readme import (DEFAULT_TITLE, SECTIONS, default_labels, forward_time_markdown, main, results_page,
+                             simscore_markdown)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_readme_block_is_what_the_committed_reports_give():
-    readme = (ROOT / "README.md").read_text()
-    for name in BLOCKS:
-        assert f"<!-- generated: {name} " in readme and f"<!-- end: {name} -->" in readme, name
-    assert regenerate(readme, ROOT / "reports") == readme, "stale README blocks: run python -m analysis.readme README.md"
+def test_the_committed_page_is_what_the_committed_reports_give_with_every_section():
+    page = (ROOT / "reports" / "README.md").read_text()
+    assert results_page(ROOT / "reports", DEFAULT_TITLE, default_labels(ROOT)) == page
+    for anchor, title, _, _ in SECTIONS:  # the default profile runs every study
+        assert f'<a id="{anchor}"></a>\n## {title}\n' in page, anchor
 
 
-def test_replace_block_needs_its_markers_once_and_in_order():
-    start, end = "<!-- generated: x (python -m analysis.readme README.md); do not edit -->", "<!-- end: x -->"
-    assert replace_block(f"a {start}old{end} b", "x", "new") == f"a {start}\nnew\n{end} b"
-    for text in ("no markers", f"{end} {start}", f"{start}{end}{start}{end}"):
-        with pytest.raises(ValueError, match="markers once each"):
-            replace_block(text, "x", "new")
+def test_a_root_without_a_study_has_no_section_for_it(tmp_path):
+    for name in ("claims.csv", "table2.csv"):
+        (tmp_path / name).write_bytes((ROOT / "reports" / name).read_bytes())
+    page = results_page(tmp_path, "t", default_labels(ROOT))
+    assert page.startswith("# t\n") and "## Table 2: accuracy" in page
+    assert "## Training seeds" not in page and "## Serving" not in page and "Δ vs base, mean over seeds" not in page
 
 
-def test_the_cli_checks_rewrites_and_reports_a_missing_block_in_one_line(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text("no blocks here\n")
-    assert main([str(readme), "--reports", str(ROOT / "reports")]) == 2
+def test_the_cli_checks_rewrites_and_reports_a_missing_root_in_one_line(tmp_path, capsys):
+    assert main(["--reports", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: the README must hold block") and "\n" not in err
-    assert readme.read_text() == "no blocks here\n"  # nothing written
-    stale = (ROOT / "README.md").read_text().replace("<!-- end: simscore -->", "typed by hand\n<!-- end: simscore -->")
-    readme.write_text(stale)
-    assert main([str(readme), "--reports", str(ROOT / "reports"), "--check"]) == 1 and readme.read_text() == stale
-    assert main([str(readme), "--reports", str(ROOT / "reports")]) == 0
-    assert readme.read_text() == (ROOT / "README.md").read_text()
+    assert err.startswith(f"error: {tmp_path}/claims.csv not found") and "\n" not in err
+    assert not (tmp_path / "README.md").exists()  # nothing written
+    assert main(["--reports", str(ROOT / "reports"), "--check"]) == 0
+
+
+def test_the_project_readme_holds_no_measured_number_no_commit_and_no_issue():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert "<!-- generated" not in text
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text), "a commit hash in README.md"
+    assert not re.search(r"\bissue \d+", text, re.IGNORECASE), "an issue number in README.md"
+    assert not re.search(r"\d+(\.\d+)? ?(min|s)\b", text), "a timing in README.md (they go in notes and reports)"
+    assert "reports/README.md" in text  # where the numbers are
 
 
 def test_forward_time_and_simscore_tables():

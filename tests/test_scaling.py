@@ -181,5 +181,5 @@ def test_committed_budget_scaling_regenerates_from_its_raw_results_and_the_readm
     sheet = pd.read_csv(root / "config" / "variants.tsv", sep="\t", keep_default_na=False)
     sheet = sheet[sheet.model == study["model"]]
     labels = run_labels(study, dict(zip(sheet.variant, sheet.label)))
-    readme = (root / "README.md").read_text()
+    readme = (root / "reports" / "README.md").read_text()
     assert scaling_markdown(pd.read_csv(root / "reports" / "budget_scaling.csv"), labels) in readme

@@ -218,7 +218,7 @@ def test_raw_folder_records_and_checks_every_file(tmp_path, monkeypatch):
 def test_the_readme_quotes_the_committed_lr_sweep():
     from analysis.distill import lr_sweep_sentence
 
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join((ROOT / "reports" / "README.md").read_text().split())
     assert lr_sweep_sentence(pd.read_csv(ROOT / "reports" / "lr_sweep.csv")) in text  # generated, not typed
 
 
@@ -252,7 +252,7 @@ def test_committed_seeds_csv_regenerates_from_its_raw_results_and_the_readme_quo
                                                                            boot["seed"]))
     committed = (ROOT / "reports" / "seeds.csv").read_text()
     assert table.to_csv(index=False, float_format="%.4f") == committed
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "reports" / "README.md").read_text()
     labels = dict(zip(sheet[sheet.model == s["models"][0]].variant, sheet[sheet.model == s["models"][0]].label))
     assert seeds_markdown(pd.read_csv(ROOT / "reports" / "seeds.csv"), labels) in readme  # generated, not typed
 
@@ -281,7 +281,7 @@ def test_the_readme_quotes_the_committed_table2():
     from analysis.accuracy import summary_markdown
 
     table2, seeds = (pd.read_csv(ROOT / "reports" / f"{name}.csv") for name in ("table2", "seeds"))
-    assert summary_markdown(table2, seeds) in (ROOT / "README.md").read_text()
+    assert summary_markdown(table2, seeds) in (ROOT / "reports" / "README.md").read_text()
 
 
 def test_large_raw_files_are_stored_compressed_and_read_in_place(tmp_path, monkeypatch):

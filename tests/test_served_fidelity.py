@@ -62,4 +62,4 @@ def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_
                                     for m in profile["served_fidelity"]["models"]])
     assert table.to_csv(index=False, float_format="%.6g") == (root / "reports" / "table_serving_fidelity.csv").read_text()
     committed = pd.read_csv(root / "reports" / "table_serving_fidelity.csv")
-    assert serving_fidelity_markdown(committed) in (root / "README.md").read_text()  # generated, not typed
+    assert serving_fidelity_markdown(committed) in (root / "reports" / "README.md").read_text()  # generated, not typed

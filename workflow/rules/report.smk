@@ -85,19 +85,59 @@ def report_inputs(wildcards):
             "seeds_raw": [f"{root}/raw/seeds"] if SEEDS else []}
 
 
+REPORT_TITLES = {  # per profile: the page's title, and the markdown page's (analysis.readme.DEFAULT_TITLE: default)
+    "html": {"default": "SwiftKV re-tested in miniature (small embedded models on a CPU): the paper's tables and "
+             "figures beside this profile's, every claim judged by a registered rule",
+             "ci": "SwiftKV pipeline check (CI profile, tiny sizes): the numbers say nothing about the paper",
+             "paper": "SwiftKV at the paper's scale (paper profile): the paper's tables and figures beside this "
+             "run's, every claim judged by a registered rule"}[config["profile"]],
+    "markdown": {"default": "SwiftKV re-tested in miniature (small embedded models on a CPU): the measured numbers, "
+                 "every claim judged by a registered rule",
+                 "ci": "SwiftKV pipeline check (CI profile, tiny sizes): the numbers say nothing about the paper",
+                 "paper": "SwiftKV at the paper's scale (paper profile): the measured numbers, every claim judged by "
+                 "a registered rule"}[config["profile"]],
+}
+
+
+def readme_labels():
+    """How the markdown page names rows: the seeds study's model's variants, the budget-scaling study's runs."""
+    from analysis.scaling import run_labels
+
+    def sheet_labels(model):
+        return {v: VARIANTS.loc[(model, v)].label for m, v in VARIANTS.index if m == model}
+
+    return dict(variant_labels=sheet_labels(SEEDS["models"][0]) if SEEDS else {},
+                scaling_labels=run_labels(SCALING, sheet_labels(SCALING["model"])) if SCALING else {})
+
+
+# The measured numbers in markdown (<root>/README.md), from the same files as the page: GitHub shows them where the
+# results are, and the project's README.md never changes when a number does.
+rule render_readme:
+    input:
+        unpack(report_inputs),
+        distill_curve="{root}/raw/distill_curve",
+        serving=[serving_raw(study, "{root}") for study in SERVE_STUDIES if serve_results(study)],
+    output:
+        "{root}/README.md",
+    log:
+        "logs/render_readme/{root}.log",
+    params:
+        title=REPORT_TITLES["markdown"],
+        **readme_labels(),
+    script:
+        "../scripts/render_readme.py"
+
+
 rule render_report:
     input:
         unpack(report_inputs),
+        readme="{root}/README.md",  # built with the page: one target renders both
     output:
         report("{root}/report.html", caption="../report/report.rst", category="Report"),
     log:
         "logs/render_report/{root}.log",
     params:
-        title={"default": "SwiftKV re-tested in miniature (small embedded models on a CPU): the paper's tables and "
-               "figures beside this profile's, every claim judged by a registered rule",
-               "ci": "SwiftKV pipeline check (CI profile, tiny sizes): the numbers say nothing about the paper",
-               "paper": "SwiftKV at the paper's scale (paper profile): the paper's tables and figures beside this "
-               "run's, every claim judged by a registered rule"}[config["profile"]],
+        title=REPORT_TITLES["html"],
         sections=lambda w: report_sections(w.root),
         ci=config["profile"] == "ci",
     script:
