@@ -1,6 +1,7 @@
 """swiftkv: SwiftKV (SingleInputKV + AcrossKV + distillation) for transformers models.
 
-``import swiftkv`` registers the SwiftKV model types (``llama_swiftkv``, ``mistral_swiftkv``, ``qwen2_swiftkv``)
+``import swiftkv`` registers the SwiftKV model types (``llama_swiftkv``, ``mistral_swiftkv``, ``qwen2_swiftkv``,
+``qwen3_swiftkv``, ``deepseek_v2_swiftkv``)
 with transformers' Auto classes, so ``AutoModelForCausalLM.from_pretrained`` loads SwiftKV checkpoints. The
 registration happens when transformers' Auto classes are first imported (at once if they already are), so that
 ``import swiftkv`` itself stays cheap (``swiftkv._autoregister``); ``swiftkv.register()`` forces it.

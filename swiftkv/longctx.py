@@ -37,9 +37,9 @@ ANSWER = "The pass key is"
 class LongContextSettings:
     lengths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192)  # passkey prompt lengths (tokens, approx.)
     depths: tuple[float, ...] = (0.1, 0.5, 0.9)  # where the key sits in the filler (0 = start, 1 = end)
-    samples: int = 8  # keys per (length, depth)
+    samples: int = 4  # keys per (length, depth)
     contexts: tuple[int, ...] = (128, 512, 2048, 6144)  # context lengths before the scored tokens
-    conversations: int = 32  # long held-out conversations for the context measure
+    conversations: int = 24  # long held-out conversations for the context measure
     target_tokens: int = 128  # scored tokens at the end of each conversation
     seed: int = 0
 
