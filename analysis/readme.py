@@ -182,7 +182,7 @@ def _long_context(root: Path, labels: Labels) -> str:
 
 
 Make = Callable[[Path, Labels], str]
-# (anchor, title, the files the section needs, its generator); the page's order
+# (name, title, the files the section needs, its generator); the page's order
 SECTIONS: list[tuple[str, str, tuple[str, ...], Make]] = [
     ("disagreements", "Where the reproduction disagrees with the paper", ("claims.csv",), _disagreements),
     ("claims", "The claims, counted", ("claims.csv",), _claim_counts),
@@ -205,9 +205,9 @@ def results_page(root: str | Path, title: str, labels: Labels) -> str:
     """The markdown page of a reports root: every section whose files are there."""
     root = Path(root)
     parts = [f"# {title}", "", HEADER]
-    for anchor, heading, needs, make in SECTIONS:
+    for _, heading, needs, make in SECTIONS:
         if all((root / n).exists() for n in needs):
-            parts += ["", f'<a id="{anchor}"></a>', f"## {heading}", "", make(root, labels).rstrip("\n")]
+            parts += ["", f"## {heading}", "", make(root, labels).rstrip("\n")]
     return "\n".join(parts) + "\n"
 
 
