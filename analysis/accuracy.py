@@ -12,7 +12,7 @@ examples, see ``analysis.stats``):
   interval's half-width read as 1.96 standard errors (normal approximation): what this many examples can resolve;
 - ``bpb``: held-out ShareGPT bits per byte (the rolling log-likelihood of each document over its UTF-8 bytes, in
   bits; tokenizer-independent), ``bpb_delta_base`` its paired difference to the base model; ``kl``, ``top1``,
-  ``greedy``: fidelity to the teacher (``swiftkv.fidelity``; ``fidelity_sequences``, ``fidelity_positions`` and
+  ``greedy``: fidelity to the teacher (``swiftkv.measure.fidelity``; ``fidelity_sequences``, ``fidelity_positions`` and
   ``greedy_prompts`` give its sizes);
 - ``kv_reduction``: KV-cache memory saved against the base model with a bf16 cache (percent);
 - ``paper_*``: the paper's average (and its difference to the paper's base) for the corresponding row.
@@ -29,9 +29,16 @@ import pandas as pd
 
 from analysis import paper
 from analysis.io import read_json, rolling_scores, task_scores
-from analysis.stats import (BootstrapSettings, Interval, macro_mean_ci, mean_ci, paired_difference_ci,
-                            paired_ratio_difference_ci, ratio_ci)
-from swiftkv.heldout import PPL_TASK  # the held-out perplexity task, as its writer names it
+from analysis.stats import (
+    BootstrapSettings,
+    Interval,
+    macro_mean_ci,
+    mean_ci,
+    paired_difference_ci,
+    paired_ratio_difference_ci,
+    ratio_ci,
+)
+from swiftkv.data.heldout import PPL_TASK  # the held-out perplexity task, as its writer names it
 
 MDD_FACTOR = (1.959964 + 0.841621) / 1.959964  # (z_0.975 + z_0.80) / z_0.975: MDD at 80% power from a 95% half-width
 TABLES = ("table2", "table4a", "table4b", "tableB1", "tableB2")

@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from swiftkv.advisor import AdvisorSettings, TrainedPoint, advise, calibrate
+from swiftkv.measure.advisor import AdvisorSettings, TrainedPoint, advise, calibrate
 
 RECIPE = {"loss": "kl", "scope": "partial", "train": "yes"}  # the tables' recipe: the rows the advisor predicts
 

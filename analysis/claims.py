@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.exit(2, f"error: --commit-of {bad[0]!r}: expected FILE=COMMIT, e.g. seeds.csv=abc123\n")
     from analysis.io import write_csv
-    from swiftkv.bench.provenance import git_commit
+    from swiftkv.provenance import git_commit
 
     try:
         frame = evaluate(args.reports, args.registry, commit=args.evidence_commit or git_commit(),

@@ -454,7 +454,7 @@ def _prefill_time(reports: Path, skips: tuple[float, ...], min_tokens: int) -> E
     from analysis.io import read_json
     from analysis.raw import MANIFEST, raw_path
     from analysis.stats import median_ci
-    from swiftkv.flops import layers_for_skip
+    from swiftkv.measure.flops import layers_for_skip
 
     root = reports / "raw" / "forward_time"
     if not (root / MANIFEST).is_file():

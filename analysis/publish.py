@@ -46,7 +46,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def check_clean(repo: str | Path = ".") -> None:
     """Refuse a checkout whose tracked files outside reports/ differ from HEAD (or that is not a git checkout)."""
-    from swiftkv.bench.provenance import git_commit
+    from swiftkv.provenance import git_commit
 
     commit = git_commit(repo)
     if commit == "unknown":
@@ -110,8 +110,9 @@ def write_provenance(repo: Path, published: list[str]) -> None:
     versions, job times; else this host's now), what was published at which commit, and every committed raw folder's
     commits (analysis.raw.summary)."""
     from analysis.raw import summary
-    from swiftkv.bench.provenance import git_commit, provenance
+    from swiftkv.bench.provenance import provenance
     from swiftkv.io import write_json
+    from swiftkv.provenance import git_commit
 
     run = repo / RUN / PROVENANCE
     if run.is_file():

@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                         "is written by python -m analysis.publish only)\n")
         if Path(args.dest).exists():
             parser.exit(2, f"error: {args.dest} exists; a raw folder is written once (choose another path)\n")
-        from swiftkv.bench.provenance import git_commit
+        from swiftkv.provenance import git_commit
 
         commit = git_commit()
         try:

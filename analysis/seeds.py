@@ -16,7 +16,7 @@ per-seed row's interval is over examples only):
 - ``average_seed_sd``: the standard deviation of the per-seed averages (the spread training alone adds);
 - ``heldout_kl``: the training log's final held-out KL (nats/token; ``swiftkv distill``'s fixed 2,048-token
   held-out sample) — per seed, and its mean and seed SD in the pooled row;
-- ``kl`` / ``top1``: the evaluation's fidelity to the teacher (``swiftkv.fidelity``: KL per token and top-1
+- ``kl`` / ``top1``: the evaluation's fidelity to the teacher (``swiftkv.measure.fidelity``: KL per token and top-1
   agreement on the fidelity sequences), per seed and mean.
 
 A row without training (the untrained rewiring) has one evaluation, used for every seed.

@@ -39,7 +39,7 @@ def register() -> None:
 def __getattr__(name: str):
     # conversion imports the model classes: loaded on first use, so configs-only environments can import swiftkv
     if name in ("convert_to_swiftkv", "set_trainable"):
-        from swiftkv import convert
+        from swiftkv.models import convert
 
         return getattr(convert, name)
     raise AttributeError(f"module 'swiftkv' has no attribute {name!r}")

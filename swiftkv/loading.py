@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from swiftkv.assets import EMBEDDED_MODELS, model_dir
+from swiftkv.data.assets import EMBEDDED_MODELS, model_dir
 from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
@@ -259,8 +259,9 @@ def load_model(
 
     A local model without tokenizer files is refused in one line, unless ``require_tokenizer`` is False (commands
     that only rewrite weights): the tokenizer is then None."""
-    import swiftkv  # noqa: F401  (registers the SwiftKV model types)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import swiftkv  # noqa: F401  (registers the SwiftKV model types)
 
     source = resolve_model(name, resources)
     extra = dict(kwargs)

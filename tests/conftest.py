@@ -113,7 +113,7 @@ def tiny_conversations(n: int = 40, seed: int = 0, prefix: str = "c"):
     """``n`` random conversations of 1-3 exchanges with 3-20 words per message."""
     import random
 
-    from swiftkv.data import Conversation
+    from swiftkv.data.conversations import Conversation
 
     rng = random.Random(seed)
     convs = []

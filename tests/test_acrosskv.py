@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swiftkv import convert_to_swiftkv
-from swiftkv.cache import cache_bytes, expected_cache_bytes
+from swiftkv.models.cache import cache_bytes, expected_cache_bytes
 from tests.conftest import random_ids, tiny_base
 
 

@@ -7,10 +7,19 @@ import math
 import pytest
 import torch
 
-from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
-from swiftkv.advisor import (AdvisorSettings, Calibration, Candidate, TrainedPoint, advise, calibrate, candidates,
-                             measure_candidates, pareto_front)
 from swiftkv.errors import SwiftKVError
+from swiftkv.measure.advisor import (
+    AdvisorSettings,
+    Calibration,
+    Candidate,
+    TrainedPoint,
+    advise,
+    calibrate,
+    candidates,
+    measure_candidates,
+    pareto_front,
+)
+from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
 SMALL = AdvisorSettings(skips=(0.25, 0.5, 0.75), group_sizes=(1, 2), num_sequences=6, max_tokens=48, batch_size=3,
                         n_resamples=200)
@@ -53,8 +62,8 @@ def test_measure_candidates_on_a_tiny_model(family):
     assert rows[(2, 2)]["kv_saved"] == pytest.approx(0.25) and rows[(2, 1)]["kv_saved"] == 0
     assert any(r["pareto"] for r in out["rows"])
     # the untrained KL is the fidelity module's KL of the converted student (same sequences, same definition)
-    from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.fidelity import teacher_forced, teacher_forced_sequences
+    from swiftkv.measure.fidelity import teacher_forced, teacher_forced_sequences
+    from swiftkv.models.convert import convert_to_swiftkv
 
     seqs = teacher_forced_sequences(tiny_tokenizer(), tiny_conversations(12), SMALL.num_sequences, SMALL.max_tokens)
     per = teacher_forced(model, convert_to_swiftkv(model, 2, 1), seqs, progress=False)
@@ -63,7 +72,7 @@ def test_measure_candidates_on_a_tiny_model(family):
 
 
 def test_the_advisor_refuses_a_swiftkv_checkpoint():
-    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.models.convert import convert_to_swiftkv
 
     with pytest.raises(SwiftKVError, match="base model"):
         measure_candidates(convert_to_swiftkv(tiny_base(), 2), tiny_tokenizer(), tiny_conversations(4), SMALL,
@@ -107,7 +116,7 @@ def test_calibration_skips_trained_cuts_the_advisor_did_not_measure(caplog):
 def test_swiftkv_advise_command_line(tmp_path, monkeypatch, capsys):
     """The command on a tiny model saved to disk, with a trained CSV and a tolerance; bad input: one line."""
     from swiftkv.cli import main
-    from swiftkv.heldout import write_conversations
+    from swiftkv.data.heldout import write_conversations
 
     model_dir = tmp_path / "tiny"
     tiny_base().save_pretrained(model_dir)

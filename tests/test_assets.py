@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from swiftkv import assets, loading
-from swiftkv.assets import EmbeddedModel
+from swiftkv import loading
+from swiftkv.data import assets
+from swiftkv.data.assets import EmbeddedModel
 from swiftkv.errors import SwiftKVError
 
 

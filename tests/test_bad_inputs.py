@@ -167,7 +167,7 @@ CASES = [
     # -- bin/ci-figures replaces its work directory: only one it made itself ----------------------------------------
     Case("ci-figures-foreign-workdir", ["{ws}/foreign"], "was not made by bin/ci-figures", program="ci-figures"),
     Case("ci-figures-over-checkout", ["."], "contains this checkout", program="ci-figures"),
-    # -- lm-eval's command line through swiftkv.harness ------------------------------------------------------------
+    # -- lm-eval's command line through swiftkv.measure.harness ------------------------------------------------------------
     Case("harness-shadowed-by-a-folder", ["--help"], "found the folder", program="harness", cwd="shadow"),
 ]
 
@@ -209,8 +209,8 @@ def own_outputs(root: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from swiftkv.cli import main
-    from swiftkv.convert import convert_to_swiftkv, save_model_dir
-    from swiftkv.teacher_cache import TeacherCacheSettings, build_teacher_cache
+    from swiftkv.distill.teacher_cache import TeacherCacheSettings, build_teacher_cache
+    from swiftkv.models.convert import convert_to_swiftkv, save_model_dir
     from tests.conftest import tiny_conversations
 
     assert main(["convert", str(root / "plain"), "-l", "2", "-o", str(root / "student")]) == 0
@@ -301,7 +301,7 @@ def command(case: Case, ws: Path) -> list[str]:
         return [sys.executable, "-m", "snakemake", *argv]
     if case.program == "ci-figures":
         return ["bash", str(ROOT / "bin" / "ci-figures"), *argv]
-    return [sys.executable, "-m", "swiftkv.harness", *argv]
+    return [sys.executable, "-m", "swiftkv.measure.harness", *argv]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -385,7 +385,7 @@ def test_own_output_of_the_same_kind_is_replaced_and_overwrite_allows_another_ki
 def _forward_no_positions(material):
     import torch
 
-    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.models.convert import convert_to_swiftkv
 
     convert_to_swiftkv(tiny_base(), 2)(torch.empty(1, 0, dtype=torch.long))
 
@@ -413,12 +413,12 @@ def _truncated_student(material):
 
 LIBRARY_CASES = {
     "load-model-none": (lambda m: __import__("swiftkv.loading").loading.load_model(None), "the model to load must be"),
-    "convert-a-model-name": (lambda m: __import__("swiftkv.convert").convert.convert_to_swiftkv("smollm2-135m", 2),
+    "convert-a-model-name": (lambda m: __import__("swiftkv.models.convert").convert.convert_to_swiftkv("smollm2-135m", 2),
                              "load it first: model, tokenizer = swiftkv.loading.load_model('smollm2-135m')"),
     "forward-without-positions": (_forward_no_positions, "input_ids holds no positions (shape (1, 0))"),
     "auto-model-missing-swiftkv-weight": (_auto_model("nokv"), "lacks 1 of the 7 SwiftKV weights"),
     "auto-model-truncated-student": (_truncated_student, "is damaged"),
-    "teacher-cache-with-nan": (lambda m: __import__("swiftkv.teacher_cache").teacher_cache.TeacherCache(m / "nancache"),
+    "teacher-cache-with-nan": (lambda m: __import__("swiftkv.distill.teacher_cache").teacher_cache.TeacherCache(m / "nancache"),
                                "nancache/train.h2.bin holds non-finite values (token row 15): the cache is damaged"),
     "distill-settings-lr-nan": (lambda m: __import__("swiftkv.distill").distill.DistillSettings(
         num_key_value_layers=2, lr=float("nan")).validate(), "lr must be a finite number > 0, got nan"),
@@ -487,8 +487,8 @@ def test_base_check_accepts_the_students_own_base_in_any_precision(material, tmp
     (mixed-precision training) against its float32 base, and a student of another l and g."""
     import torch
 
-    from swiftkv.convert import convert_to_swiftkv
     from swiftkv.loading import check_base_loaded, check_base_model
+    from swiftkv.models.convert import convert_to_swiftkv
 
     student = convert_to_swiftkv(tiny_base(), 3, 1).to(torch.bfloat16)
     student.save_pretrained(tmp_path / "bf16")

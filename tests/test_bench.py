@@ -8,7 +8,7 @@ import pytest
 
 from swiftkv.bench.speed import PrefillBench, bench_prefill
 from swiftkv.cli import main
-from swiftkv.flops import prefill_flops
+from swiftkv.measure.flops import prefill_flops
 from tests.conftest import tiny_base
 
 

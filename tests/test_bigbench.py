@@ -10,8 +10,16 @@ import tarfile
 import pytest
 import yaml
 
-from swiftkv.bigbench import (TASKS_PREFIX, ClozeFormat, extract_tasks, multiple_choice_docs, read_task_jsons,
-                              split_docs, split_of_example, write_lm_eval_tasks)
+from swiftkv.data.bigbench import (
+    TASKS_PREFIX,
+    ClozeFormat,
+    extract_tasks,
+    multiple_choice_docs,
+    read_task_jsons,
+    split_docs,
+    split_of_example,
+    write_lm_eval_tasks,
+)
 from swiftkv.errors import SwiftKVError
 
 FIXTURE = {

@@ -168,7 +168,7 @@ def test_register_is_idempotent():
 
 def test_arctic_inference_export_expands_acrosskv_and_keeps_every_logit(tmp_path):
     """Snowflake's plugin reads num_key_value_layers only and expects k/v_proj_swiftkv in every layer >= l."""
-    from swiftkv.convert import export_arctic_inference
+    from swiftkv.models.convert import export_arctic_inference
 
     model = convert_to_swiftkv(tiny_base("llama", num_hidden_layers=6), 2, 2)
     with torch.no_grad():  # a trained-looking student: group leaders' K/V differ from any teacher layer's
@@ -198,7 +198,6 @@ def test_arctic_inference_export_expands_acrosskv_and_keeps_every_logit(tmp_path
 
 def test_arctic_inference_export_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys):
     from swiftkv.cli import main
-
     from tests.conftest import tiny_tokenizer
 
     for name, model in (("qwen2", convert_to_swiftkv(tiny_base("qwen2"), 2)), ("base", tiny_base("llama"))):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from swiftkv.data import load_sharegpt, split_of
+from swiftkv.data.conversations import load_sharegpt, split_of
 
 
 def test_truncated_json_recovery(tmp_path):
@@ -44,8 +44,8 @@ def test_split_keeps_conversation_parts_together_and_is_stable():
 
 import pytest  # noqa: E402
 
-from swiftkv.data import Conversation, load_hub_conversations, split_conversations  # noqa: E402
-from swiftkv.packing import IGNORE_INDEX, PackReport, collate_packs, pack_conversations  # noqa: E402
+from swiftkv.data.conversations import Conversation, load_hub_conversations, split_conversations  # noqa: E402
+from swiftkv.data.packing import IGNORE_INDEX, PackReport, collate_packs, pack_conversations  # noqa: E402
 from tests.conftest import tiny_conversations, tiny_tokenizer  # noqa: E402
 
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from swiftkv import convert_to_swiftkv
+from swiftkv.data.packing import collate_packs, pack_conversations
 from swiftkv.distill import DistillModel, DistillSettings, Interrupted, build_student, compute_loss, train
-from swiftkv.losses import distill_kl, kl_sum, lm_cross_entropy
-from swiftkv.packing import collate_packs, pack_conversations
+from swiftkv.distill.losses import distill_kl, kl_sum, lm_cross_entropy
 from tests.conftest import random_ids, tiny_base, tiny_conversations, tiny_tokenizer
 
 
@@ -366,7 +366,7 @@ def test_bad_settings_are_one_line():
 
 def test_closed_form_kl_equals_autograd_through_kl_sum():
     """distill_kl's closed-form loss and gradient equal the autograd ones (the trainer's loss before it)."""
-    from swiftkv.losses import distill_kl, distill_kl_autograd
+    from swiftkv.distill.losses import distill_kl, distill_kl_autograd
 
     gen = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False).requires_grad_(False)

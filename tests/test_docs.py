@@ -40,7 +40,7 @@ REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(?P<target>\S+?)>?(?:\s|$)")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<text>.*?)\s*#*\s*$")
 CODE_SPAN = re.compile(r"(`+)(?P<code>(?:(?!\1).)+)\1")
 # What a page names in inline code and this test checks: a path of the repository, or a module of the project with
-# an optional attribute (``swiftkv.flops``, ``swiftkv.models.FAMILIES``). Paths with placeholders (<model>, *) are not.
+# an optional attribute (``swiftkv.measure.flops``, ``swiftkv.models.FAMILIES``). Paths with placeholders (<model>, *) are not.
 REPO_PATH = re.compile(r"^(?:swiftkv|analysis|tests|workflow|config|bin|reports|notebooks|requirements|docs|\.ci)/"
                        r"[\w./-]*$")
 PROJECT_NAME = re.compile(r"^(?:swiftkv|analysis)(?:\.\w+)+$")

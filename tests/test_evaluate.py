@@ -12,8 +12,8 @@ from torch.testing import assert_close
 from transformers import PreTrainedTokenizerFast
 
 from swiftkv import convert_to_swiftkv
-from swiftkv.evaluate import SwiftKVLM, TaskSpec, run_suite
-from swiftkv.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
+from swiftkv.measure.evaluate import SwiftKVLM, TaskSpec, run_suite
+from swiftkv.models.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
 from tests.conftest import TINY, tiny_base
 
 
@@ -139,8 +139,8 @@ def test_kv_memory_matches_the_paper():
     """Llama-3.1-8B, 50% SwiftKV + 4-way AcrossKV: 37.5% smaller KV cache; with FP8 68.75% (paper Table B.1)."""
     from transformers import LlamaConfig
 
-    from swiftkv.convert import swiftkv_config_from
-    from swiftkv.kvquant import kv_memory
+    from swiftkv.models.convert import swiftkv_config_from
+    from swiftkv.models.kvquant import kv_memory
 
     base = LlamaConfig(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096)
     cfg = swiftkv_config_from(base, 16, 4)
@@ -153,7 +153,7 @@ def test_kv_memory_matches_the_paper():
 
 
 def fixture_task(tmp_path):
-    from swiftkv.bigbench import write_lm_eval_tasks
+    from swiftkv.data.bigbench import write_lm_eval_tasks
 
     examples = [{"input": words(2 + i, 3 + i, 4 + i), "target_scores": {words(10 + i): 1, words(40 + i): 0, words(70 + i, 5): 0}}
                 for i in range(12)]
@@ -185,7 +185,7 @@ def test_suite_through_lm_eval_matches_direct_forward(tmp_path):
 @pytest.mark.slow  # lm-eval's CLI indexes its thousands of built-in task YAMLs: minutes on a busy 2-core machine
 def test_lm_eval_cli_runs_a_swiftkv_checkpoint(tmp_path):
     """The documented one line: lm-eval's own CLI (``--model hf``) on a saved SwiftKV checkpoint, via
-    ``python -m swiftkv.harness``; its scores equal those of our in-process SwiftKVLM."""
+    ``python -m swiftkv.measure.harness``; its scores equal those of our in-process SwiftKVLM."""
     import subprocess
     import sys
 
@@ -195,7 +195,7 @@ def test_lm_eval_cli_runs_a_swiftkv_checkpoint(tmp_path):
     tiny_tokenizer().save_pretrained(ckpt)
     manifest = fixture_task(tmp_path)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "swiftkv.harness", "--model", "hf", "--model_args", f"pretrained={ckpt},dtype=float32",
+    cmd = [sys.executable, "-m", "swiftkv.measure.harness", "--model", "hf", "--model_args", f"pretrained={ckpt},dtype=float32",
            "--tasks", "bb_fixture_report", "--include_path", manifest["splits"]["report"], "--device", "cpu",
            "--batch_size", "4", "--output_path", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})

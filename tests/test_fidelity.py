@@ -7,10 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from swiftkv import convert_to_swiftkv
-from swiftkv.data import Conversation
-from swiftkv.fidelity import FidelitySettings, common_prefix, greedy_continuations, measure_fidelity, teacher_forced
-from swiftkv.heldout import heldout_sample, perplexity_docs, truncate_to_tokens, write_perplexity_task
-from swiftkv.kvquant import make_cache_factory
+from swiftkv.data.conversations import Conversation
+from swiftkv.data.heldout import heldout_sample, perplexity_docs, truncate_to_tokens, write_perplexity_task
+from swiftkv.measure.fidelity import (
+    FidelitySettings,
+    common_prefix,
+    greedy_continuations,
+    measure_fidelity,
+    teacher_forced,
+)
+from swiftkv.models.kvquant import make_cache_factory
 from tests.conftest import tiny_base
 from tests.test_evaluate import one_thread, tiny_tokenizer, words  # noqa: F401  (fixture)
 
@@ -81,7 +87,7 @@ def test_heldout_sample_order_does_not_depend_on_input_order():
 
 
 def test_conversations_round_trip(tmp_path):
-    from swiftkv.heldout import read_conversations, write_conversations
+    from swiftkv.data.heldout import read_conversations, write_conversations
 
     convs = conversations(3)
     write_conversations(convs, tmp_path / "c.jsonl")

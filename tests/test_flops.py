@@ -11,7 +11,7 @@ from transformers import LlamaConfig, MistralConfig
 from analysis.paper import paper_table
 from swiftkv.cli import main
 from swiftkv.errors import SwiftKVError
-from swiftkv.flops import (
+from swiftkv.measure.flops import (
     TABLE1_CONTEXT_LENGTH,
     decode_flops_per_token,
     flops_report,

@@ -71,3 +71,10 @@ def test_no_library_file_knows_the_pipelines_variants_sheet():
         strings = [n.value for n in ast.walk(tree)
                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
         assert not [s for s in strings if "variants.tsv" in s], path
+
+
+def test_the_package_root_is_a_handful_of_modules_beside_packages_grouped_by_what_they_do():
+    root = sorted(p.name for p in (ROOT / "swiftkv").glob("*.py"))
+    assert len(root) <= 8, root
+    packages = {p.name for p in (ROOT / "swiftkv").iterdir() if (p / "__init__.py").is_file()}
+    assert packages >= {"models", "data", "measure", "distill", "cli", "bench", "vllm_plugin"}, packages

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
+from swiftkv.measure.longctx import LongContextSettings, long_conversations, measure_long_context, passkey_prompts
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
-from swiftkv.longctx import LongContextSettings, long_conversations, measure_long_context, passkey_prompts
 
 SMALL = LongContextSettings(lengths=(96, 128), depths=(0.0, 1.0), samples=2, contexts=(8, 32), conversations=3,
                             target_tokens=6)
@@ -17,7 +17,7 @@ def test_passkey_prompts_have_their_length_and_the_key_at_its_depth():
     tok = tiny_tokenizer()
     prompts = passkey_prompts(tok, tiny_conversations(60), SMALL)
     assert len(prompts) == 2 * 2 * 2 and {p["tokens"] for p in prompts} == {96, 128}
-    from swiftkv.longctx import _chat
+    from swiftkv.measure.longctx import _chat
 
     head, _ = _chat(tok)
     unk = tok.unk_token_id  # the needle's words are not in the tiny vocabulary, the filler's are
@@ -33,7 +33,7 @@ def test_passkey_prompts_have_their_length_and_the_key_at_its_depth():
 
 
 def test_context_measure_scores_the_same_tokens_at_every_length():
-    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.models.convert import convert_to_swiftkv
 
     model, tok = tiny_base(), tiny_tokenizer()
     convs = tiny_conversations(60)

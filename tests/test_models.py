@@ -61,7 +61,7 @@ def test_fresh_student_with_one_later_layer_is_the_teacher(family):
 
 @torch.no_grad()
 def test_the_cache_holds_l_plus_one_layer_per_group(family):
-    from swiftkv.cache import cache_bytes, expected_cache_bytes
+    from swiftkv.models.cache import cache_bytes, expected_cache_bytes
 
     model = convert_to_swiftkv(tiny_base(family, num_hidden_layers=6), 2, 2)  # 2 + 4 / 2 = 4 layer-caches
     out = model(random_ids(3, 7), use_cache=True)
@@ -94,7 +94,7 @@ def test_deepseek_v2_with_a_query_lora_keeps_snowflakes_names_and_the_skip(tmp_p
     latent = {f"model.layers.{i}.self_attn.{n}_swiftkv.weight" for i in (2, 4)
               for n in ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")}
     assert names == query | latent | {"model.norm_swiftkv.weight"}
-    from swiftkv.convert import set_trainable
+    from swiftkv.models.convert import set_trainable
 
     assert set(set_trainable(model, "partial")) == names  # distillation trains exactly these; MoE experts stay frozen
     full = set(set_trainable(model, "full"))
@@ -107,7 +107,7 @@ def test_deepseek_v2_with_a_query_lora_keeps_snowflakes_names_and_the_skip(tmp_p
 
 @torch.no_grad()
 def test_qwen3_swiftkv_norms_start_from_the_teachers_and_are_trained():
-    from swiftkv.convert import set_trainable
+    from swiftkv.models.convert import set_trainable
 
     base = tiny_base("qwen3", num_hidden_layers=6)
     for i, layer in enumerate(base.model.layers):  # distinct per-layer norms, so that a group mean is visible

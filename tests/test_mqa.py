@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swiftkv import SwiftKVError, convert_to_swiftkv
-from swiftkv.cache import cache_bytes, expected_cache_bytes
+from swiftkv.models.cache import cache_bytes, expected_cache_bytes
 from tests.conftest import random_ids, tiny_base
 
 

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from swiftkv.assets import prepare_model
-from swiftkv.data import load_sharegpt, split_conversations
+from swiftkv.data.assets import prepare_model
+from swiftkv.data.conversations import load_sharegpt, split_conversations
+from swiftkv.data.packing import collate_packs, pack_conversations
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
+from swiftkv.distill.losses import kl_sum
 from swiftkv.loading import load_model
-from swiftkv.losses import kl_sum
-from swiftkv.packing import collate_packs, pack_conversations
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_shared_prefix_step_equals_the_naive_step_on_a_packed_row(setup):
 def test_cached_step_equals_the_shared_prefix_step_on_a_packed_row(setup):
     """The teacher cache's values, computed by the cache builder's code on the real model, give the shared-prefix
     step's loss and gradients exactly (fp32)."""
-    from swiftkv.teacher_cache import teacher_states
+    from swiftkv.distill.teacher_cache import teacher_states
 
     base, batch = setup
     settings = DistillSettings(num_key_value_layers=15)

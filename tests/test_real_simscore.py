@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from swiftkv.assets import model_dir
-from swiftkv.data import sharegpt_split
-from swiftkv.simscore import SimScoreSettings, encode_sample, measure_simscore
+from swiftkv.data.assets import model_dir
+from swiftkv.data.conversations import sharegpt_split
+from swiftkv.measure.simscore import SimScoreSettings, encode_sample, measure_simscore
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swiftkv import convert_to_swiftkv
-from swiftkv.assets import prepare_model
+from swiftkv.data.assets import prepare_model
 from swiftkv.loading import load_model
 
 pytestmark = pytest.mark.slow

@@ -35,10 +35,8 @@ def test_markdown_tables_and_a_self_contained_page(tmp_path):
 def test_the_page_leads_with_the_registered_claims():
     from pathlib import Path
 
-    from analysis.claims import evaluate
-
     from analysis import disagreements
-    from analysis.claims import load_registry
+    from analysis.claims import evaluate, load_registry
 
     reports = Path(__file__).resolve().parents[1] / "reports"
     registry = evaluate(reports, commit="abc")
@@ -201,7 +199,7 @@ def test_job_times_sum_benchmark_files_per_rule_and_skip_foreign_tsvs(tmp_path):
 def test_git_commit_is_dirty_for_code_changes_not_for_rewritten_reports(tmp_path):
     import subprocess
 
-    from swiftkv.bench.provenance import git_commit
+    from swiftkv.provenance import git_commit
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,

@@ -23,9 +23,9 @@ from swiftkv.bench.serving.processes import process_group
 from swiftkv.bench.serving.variants import parse_variant, parse_variants
 from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
 from swiftkv.bench.serving.workloads import poisson_arrivals, random_prompts, select_sharegpt
-from swiftkv.cache import expected_cache_bytes
-from swiftkv.data import Conversation
+from swiftkv.data.conversations import Conversation
 from swiftkv.errors import SwiftKVError
+from swiftkv.models.cache import expected_cache_bytes
 from tests.conftest import tiny_base
 
 FAKE_VLLM = [sys.executable, str(Path(__file__).with_name("fake_vllm.py"))]
@@ -222,7 +222,7 @@ def test_peak_memory_sees_a_large_allocation():
 
 @pytest.fixture
 def stand_in_flops(monkeypatch):
-    """A private stand-in for swiftkv.flops (the analysis issue owns the real one): FLOPs counted in layers."""
+    """A private stand-in for swiftkv.measure.flops (the analysis issue owns the real one): FLOPs counted in layers."""
     from swiftkv.bench.serving import predict
 
     def prefill_flops(config, num_tokens, num_key_value_layers=None, key_value_group_size=1, logits_to_keep=1):
@@ -233,9 +233,9 @@ def stand_in_flops(monkeypatch):
     def decode_flops_per_token(config, context_length=0):
         return {"total": (config.num_hidden_layers + 2.0) / 1e9, "vocab": 2.0 / 1e9}  # head + embedding: 1 + 1
 
-    module = types.ModuleType("swiftkv.flops")
+    module = types.ModuleType("swiftkv.measure.flops")
     module.prefill_flops, module.decode_flops_per_token = prefill_flops, decode_flops_per_token
-    monkeypatch.setitem(sys.modules, "swiftkv.flops", module)
+    monkeypatch.setitem(sys.modules, "swiftkv.measure.flops", module)
     predict._flops_functions.cache_clear()
     yield
     predict._flops_functions.cache_clear()

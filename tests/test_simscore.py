@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from swiftkv.data import Conversation
-from swiftkv.simscore import (
+from swiftkv.data.conversations import Conversation
+from swiftkv.measure.simscore import (
     SimScoreSettings,
     bootstrap_ci,
     encode_sample,

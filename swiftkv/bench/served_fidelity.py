@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from swiftkv.errors import SwiftKVError
-from swiftkv.fidelity import common_prefix, continuation_scores
+from swiftkv.measure.fidelity import common_prefix, continuation_scores
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ def served_fidelity(base, tokenizer, conversations, l: int, group_sizes: list[in
     """Convert ``base`` to SwiftKV students (l, each g), serve each with the prefill skip on and off, and compare
     with transformers on held-out prompts. Returns the settings, tolerance and one summary (plus per-prompt rows) per
     configuration ``g<g>-<skip|noskip>``."""
-    from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.fidelity import generation_prompts
+    from swiftkv.measure.fidelity import generation_prompts
+    from swiftkv.models.convert import convert_to_swiftkv
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from swiftkv.convert import convert_to_swiftkv
-from swiftkv.flops import prefill_flops
+from swiftkv.measure.flops import prefill_flops
+from swiftkv.models.convert import convert_to_swiftkv
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def bench_prefill(model, settings: PrefillBench, progress: bool = True) -> dict:
                 "batch_size": settings.batch_size,
                 **summarize(ts),
             }
-            row["predicted_flops"] = flops * settings.batch_size  # swiftkv.flops.prefill_flops, this forward
+            row["predicted_flops"] = flops * settings.batch_size  # swiftkv.measure.flops.prefill_flops, this forward
             row["predicted_ratio"] = flops / base_flops
             row["speedup"] = base / row["median_s"]
             row["paired_speedup_median"] = statistics.median(b / t for b, t in zip(times["base"], ts))
@@ -157,7 +157,7 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
       autograd there), the teacher's layers >= l under no_grad, the chunked loss through the head with autograd
       (``distill_kl_autograd``);
     - ``uncached``: the trainer's step today without a cache: the same with the closed-form loss (``distill_kl``);
-    - ``cached``: the trainer's step with a teacher cache (``swiftkv.teacher_cache``): only the student's layers
+    - ``cached``: the trainer's step with a teacher cache (``swiftkv.distill.teacher_cache``): only the student's layers
       >= l and the heads run (closed-form loss); the cached values come from one teacher pass over the same batches
       (timed too: ``cache_build_tokens_per_s``, the rate a cache is built at).
 
@@ -166,8 +166,8 @@ def bench_distill(base_model, batches: list[dict], settings: DistillBench, progr
     difference between the three paths' losses on the same batch with the same weights (before any timing step).
     """
     from swiftkv.distill import DistillModel, DistillSettings, build_student, compute_loss
-    from swiftkv.losses import distill_kl_autograd, kl_sum
-    from swiftkv.teacher_cache import teacher_states
+    from swiftkv.distill.losses import distill_kl_autograd, kl_sum
+    from swiftkv.distill.teacher_cache import teacher_states
 
     device = next(base_model.parameters()).device
     dset = DistillSettings(num_key_value_layers=settings.num_key_value_layers, temperature=settings.temperature,

@@ -28,7 +28,7 @@ from swiftkv.errors import SwiftKVError
 def command_inputs(args) -> list[str]:
     """The local paths a command reads (its model, --base, --teacher-cache, task and data files ...): its output may
     never be, contain or lie inside one of them."""
-    from swiftkv.assets import EMBEDDED_MODELS, model_dir
+    from swiftkv.data.assets import EMBEDDED_MODELS, model_dir
 
     found = []
     for name in INPUT_OPTIONS:

@@ -31,7 +31,7 @@ def cmd_bench_prefill(args) -> None:
     if args.random_weights or is_config_file(args.model):  # timing only: a config is enough, no weights or hub
         from transformers import AutoModelForCausalLM
 
-        from swiftkv.flops import load_config
+        from swiftkv.measure.flops import load_config
 
         torch.manual_seed(0)
         with torch.device(args.device):
@@ -90,7 +90,7 @@ def cmd_bench_served_fidelity(args) -> None:
 
     from swiftkv.bench.served_fidelity import ServedFidelitySettings, served_fidelity
     from swiftkv.bench.vllm_throughput import vllm_python
-    from swiftkv.heldout import heldout_conversations
+    from swiftkv.data.heldout import heldout_conversations
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import load_model
 
@@ -123,10 +123,10 @@ def cmd_bench_distill(args) -> None:
     import torch
 
     from swiftkv.bench.speed import DistillBench, bench_distill
-    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.data.conversations import load_conversations, split_conversations
+    from swiftkv.data.packing import collate_packs, pack_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
-    from swiftkv.packing import collate_packs, pack_conversations
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -36,8 +36,8 @@ def distill_settings(args):
     explicit flags (explicit wins), the rest from the training options; validated."""
     import dataclasses
 
+    from swiftkv.data.variants import distill_options, variant_row
     from swiftkv.distill import DistillSettings
-    from swiftkv.variants import distill_options, variant_row
 
     options = {}
     if args.variant:
@@ -69,7 +69,7 @@ def cmd_distill(args) -> None:
     settings = distill_settings(args)
     from dataclasses import asdict
 
-    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.data.conversations import load_conversations, split_conversations
     from swiftkv.distill import train
     from swiftkv.loading import check_student_shape, load_model
 
@@ -77,7 +77,7 @@ def cmd_distill(args) -> None:
                         settings.key_value_heads)
     cache = None
     if args.teacher_cache:  # opened (and checked: layout, finite values) before the model loads
-        from swiftkv.teacher_cache import TeacherCache
+        from swiftkv.distill.teacher_cache import TeacherCache
 
         cache = TeacherCache(args.teacher_cache)
     base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
@@ -103,9 +103,9 @@ def cmd_distill(args) -> None:
 def cmd_teacher_cache(args) -> None:
     import torch
 
-    from swiftkv.data import load_conversations, split_conversations
+    from swiftkv.data.conversations import load_conversations, split_conversations
+    from swiftkv.distill.teacher_cache import TeacherCacheSettings, build_teacher_cache
     from swiftkv.loading import load_model
-    from swiftkv.teacher_cache import TeacherCacheSettings, build_teacher_cache
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -17,13 +17,13 @@ def _json_file_name(text: str) -> str:
 
 
 def cmd_bigbench_fetch(args) -> None:
-    from swiftkv.bigbench import fetch_sdist
+    from swiftkv.data.bigbench import fetch_sdist
 
     print(fetch_sdist(args.dest))
 
 
 def cmd_bigbench_extract(args) -> None:
-    from swiftkv.bigbench import extract_tasks, verify_sdist
+    from swiftkv.data.bigbench import extract_tasks, verify_sdist
     from swiftkv.io import open_output_dir
 
     verify_sdist(args.tarball)
@@ -36,7 +36,7 @@ def cmd_bigbench_build(args) -> None:
     import json
     from pathlib import Path
 
-    from swiftkv.bigbench import write_lm_eval_tasks
+    from swiftkv.data.bigbench import write_lm_eval_tasks
     from swiftkv.io import open_output_dir, write_json
 
     tasks = {}
@@ -60,7 +60,7 @@ def cmd_heldout_ppl_task(args) -> None:
 
     from transformers import AutoTokenizer
 
-    from swiftkv.heldout import heldout_sample, perplexity_docs, write_conversations, write_perplexity_task
+    from swiftkv.data.heldout import heldout_sample, perplexity_docs, write_conversations, write_perplexity_task
     from swiftkv.io import open_output_dir
     from swiftkv.loading import resolve_model
 
@@ -78,10 +78,10 @@ def cmd_eval(args) -> None:
 
     import torch
 
-    from swiftkv.evaluate import collect_tasks, evaluate_model
-    from swiftkv.fidelity import FidelitySettings
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import check_base_loaded, check_base_model, load_model
+    from swiftkv.measure.evaluate import collect_tasks, evaluate_model
+    from swiftkv.measure.fidelity import FidelitySettings
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,7 +109,7 @@ def cmd_eval(args) -> None:
         batch_size=min(args.batch_size, 8))
     heldout = None
     if args.heldout and fidelity is not None:
-        from swiftkv.heldout import read_conversations
+        from swiftkv.data.heldout import read_conversations
 
         heldout = read_conversations(args.heldout)
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
@@ -132,10 +132,10 @@ def cmd_eval(args) -> None:
 def cmd_long_context(args) -> None:
     import torch
 
-    from swiftkv.heldout import heldout_conversations
+    from swiftkv.data.heldout import heldout_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
-    from swiftkv.longctx import LongContextSettings, measure_long_context
+    from swiftkv.measure.longctx import LongContextSettings, measure_long_context
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,7 +159,7 @@ def cmd_long_context(args) -> None:
 def add_parsers(sub) -> None:
     """The evaluation commands' parsers on the top-level subparsers ``sub``."""
     p = sub.add_parser("long-context", help="quality against prompt length: passkey retrieval and likelihood vs context",
-                       description="Two measures built offline from held-out ShareGPT (swiftkv.longctx): a pass key "
+                       description="Two measures built offline from held-out ShareGPT (swiftkv.measure.longctx): a pass key "
                        "hidden at each --depths of filler text, at each prompt length of --lengths (exact greedy "
                        "reading of the key and its log-probability), and the negative log-likelihood of the last "
                        "--target-tokens tokens of long held-out conversations given each context length of "

@@ -18,7 +18,7 @@ from swiftkv.errors import SwiftKVError
 
 
 def cmd_prepare_model(args) -> None:
-    from swiftkv.assets import EMBEDDED_MODELS, prepare_model
+    from swiftkv.data.assets import EMBEDDED_MODELS, prepare_model
 
     ids = list(EMBEDDED_MODELS) if args.model == "all" else [args.model]
     for model_id in ids:
@@ -26,8 +26,8 @@ def cmd_prepare_model(args) -> None:
 
 
 def cmd_convert(args) -> None:
-    from swiftkv.convert import convert_to_swiftkv, save_model_dir
     from swiftkv.loading import load_model
+    from swiftkv.models.convert import convert_to_swiftkv, save_model_dir
 
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype), resources=args.resources,
                                   require_tokenizer=False)
@@ -44,8 +44,8 @@ def _note_no_tokenizer(args, tokenizer) -> None:
 
 
 def cmd_export(args) -> None:
-    from swiftkv.convert import check_arctic_inference_type, export_arctic_inference
     from swiftkv.loading import load_model, local_config
+    from swiftkv.models.convert import check_arctic_inference_type, export_arctic_inference
 
     config = local_config(args.model, args.resources)  # refuse before loading any weights (a hub id: once loaded)
     if config is not None:
@@ -90,9 +90,9 @@ def cmd_generate(args) -> None:
 def cmd_simscore(args) -> None:
     import torch
 
-    from swiftkv.data import sharegpt_split
+    from swiftkv.data.conversations import sharegpt_split
     from swiftkv.loading import load_model
-    from swiftkv.simscore import SimScoreSettings, measure_simscore, write_simscore
+    from swiftkv.measure.simscore import SimScoreSettings, measure_simscore, write_simscore
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,8 +126,8 @@ def cmd_flops(args) -> None:
     import io
     import json
 
-    from swiftkv.flops import flops_report, load_config
     from swiftkv.io import write_text
+    from swiftkv.measure.flops import flops_report, load_config
 
     record = flops_report(load_config(args.model_config), args.num_key_value_layers, args.key_value_group_size,
                           args.context_length, args.kv_bytes)
@@ -153,7 +153,7 @@ def _read_trained(path: str) -> list:
 
     import pandas as pd
 
-    from swiftkv.advisor import TrainedPoint
+    from swiftkv.measure.advisor import TrainedPoint
 
     try:
         df = pd.read_csv(path)
@@ -171,10 +171,10 @@ def _read_trained(path: str) -> list:
 def cmd_advise(args) -> None:
     import torch
 
-    from swiftkv.advisor import AdvisorSettings, advise, calibrate, measure_candidates
-    from swiftkv.heldout import heldout_conversations
+    from swiftkv.data.heldout import heldout_conversations
     from swiftkv.io import write_json
     from swiftkv.loading import load_model
+    from swiftkv.measure.advisor import AdvisorSettings, advise, calibrate, measure_candidates
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -315,7 +315,7 @@ def add_parsers(sub) -> None:
                        description="Analytical GFLOPs per prefill token broken down as the paper's Table 1 (vocab, "
                        "kv_proj, qo_proj, mlp, attention at a causal prompt of --context-length tokens, total) for the "
                        "base model or SwiftKV with l = --num-key-value-layers and g-way AcrossKV, plus the KV-cache "
-                       "bytes per token and their reduction (at --kv-bytes per value and at FP8). See swiftkv.flops.")
+                       "bytes per token and their reduction (at --kv-bytes per value and at FP8). See swiftkv.measure.flops.")
     p.add_argument("--model-config", required=True, help="a config.json file or a model directory (no weights needed)")
     p.add_argument("--num-key-value-layers", "-l", type=int, default=None, help="l (default: L, the base model)")
     p.add_argument("--key-value-group-size", "-g", type=int, default=1, help="AcrossKV group size g (default 1)")

@@ -6,7 +6,7 @@ One model plays both parts. Per step:
    and student;
 2. teacher: layers ``>= l`` the original way (``run_layers``) on ``h_l``, under ``no_grad``;
 3. student: the SwiftKV K/V from ``norm_swiftkv(h_l)`` and the SwiftKV layers ``>= l`` on ``h_l``, with autograd;
-4. loss on the final hidden states through the frozen LM head, chunked over positions (``swiftkv.losses``):
+4. loss on the final hidden states through the frozen LM head, chunked over positions (``swiftkv.distill.losses``):
    ``kl`` = T^2 * KL(teacher_T || student_T) (default, T = 2), ``lm`` = cross-entropy of the next token,
    ``kl+hidden`` = ``kl`` + w * MSE of the hidden state entering the last layer (the reference's later addition).
 
@@ -21,7 +21,7 @@ and the early-2025 reference trainer's), not only the assistant's: the student m
 will be run, and prompts are most of what SwiftKV serves. ``loss_positions="assistant"`` is Snowflake's current
 recipe: the KL over assistant tokens only, averaged over all positions.
 
-With a teacher cache (``swiftkv.teacher_cache``) steps 1-2 come from disk: the packed data, h_l and the teacher's
+With a teacher cache (``swiftkv.distill.teacher_cache``) steps 1-2 come from disk: the packed data, h_l and the teacher's
 final hidden states were computed once for every variant, and a step runs only 3-4.
 
 The package: ``settings`` (DistillSettings, file names), ``pair`` (the teacher/student pair and the loss), ``batches``

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from swiftkv.data.packing import HELDOUT_SEED
+from swiftkv.distill.losses import eval_metrics
 from swiftkv.distill.settings import DistillSettings
 from swiftkv.errors import SwiftKVError
-from swiftkv.losses import eval_metrics
-from swiftkv.packing import HELDOUT_SEED
 
 if TYPE_CHECKING:
     from swiftkv.distill.pair import DistillModel
@@ -66,7 +66,7 @@ def prepare_data(tokenizer, settings: DistillSettings, train_conversations, held
     """Training items for the token budget (seeded) and the fixed held-out items, with their reports. An item is a
     pack and, with a teacher cache, the cache rows of its tokens (the packs then come from the cache's stream: no
     conversation is read or rendered); without one, None."""
-    from swiftkv.packing import PackReport, pack_conversations
+    from swiftkv.data.packing import PackReport, pack_conversations
 
     train_report, heldout_report = PackReport(), PackReport()
     train, heldout = [], []

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from swiftkv.distill.losses import distill_kl, lm_cross_entropy
 from swiftkv.distill.settings import DistillSettings
-from swiftkv.losses import distill_kl, lm_cross_entropy
 
 
 @dataclass
@@ -120,7 +120,7 @@ def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: Dis
 
 def build_student(base_model, settings: DistillSettings):
     """Convert the base model (reference init; MQA heads mean-pooled) and set what trains."""
-    from swiftkv.convert import convert_to_swiftkv, set_trainable
+    from swiftkv.models.convert import convert_to_swiftkv, set_trainable
 
     student = convert_to_swiftkv(
         base_model, settings.num_key_value_layers, settings.key_value_group_size, settings.key_value_heads

@@ -106,7 +106,7 @@ def _open_cache(teacher_cache, student, settings: DistillSettings):
     """The run's teacher cache (opened and checked against the run: one line if it does not fit), or None."""
     if teacher_cache is None:
         return None
-    from swiftkv.teacher_cache import TeacherCache, weights_fingerprint
+    from swiftkv.distill.teacher_cache import TeacherCache, weights_fingerprint
 
     cache = teacher_cache if isinstance(teacher_cache, TeacherCache) else TeacherCache(teacher_cache)
     cache.check(model=weights_fingerprint(student), data=settings.data, seed=settings.seed,
@@ -145,7 +145,7 @@ def train(
     read only through its held-out numbers, e.g. an lr sweep).
 
     ``teacher_cache`` (a ``TeacherCache`` or its directory): the teacher's side of every step and held-out number
-    and the packed data come from it (``swiftkv.teacher_cache``); the conversations are then not needed.
+    and the packed data come from it (``swiftkv.distill.teacher_cache``); the conversations are then not needed.
 
     With ``settings.schedule == "wsd"`` every budget of ``settings.read_budgets`` is read along the way (held-out KL
     and top-1 per held-out row in the log's ``budget`` events and the summary's ``budget_reads``); ``output`` gets
@@ -155,12 +155,12 @@ def train(
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    from swiftkv.cache import expected_cache_bytes
-    from swiftkv.convert import save_model_dir
+    from swiftkv.data.packing import collate_packs
     from swiftkv.device import fast_dtype
+    from swiftkv.distill.teacher_cache import cached_batch
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
-    from swiftkv.packing import collate_packs
-    from swiftkv.teacher_cache import cached_batch
+    from swiftkv.models.cache import expected_cache_bytes
+    from swiftkv.models.convert import save_model_dir
 
     settings.validate()
     started = time.perf_counter()

@@ -206,7 +206,7 @@ HELDOUT_SHELL = (
 
 
 def heldout_ppl_args(wildcards, input):
-    from swiftkv.heldout import PPL_TASK
+    from swiftkv.data.heldout import PPL_TASK
 
     return f"--include-path {input.ppl} --task {PPL_TASK}"
 

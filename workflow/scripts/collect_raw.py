@@ -4,8 +4,8 @@ import logging
 from pathlib import Path
 
 from analysis.raw import collect, uncommitted
-from swiftkv.bench.provenance import git_commit
 from swiftkv.io import atomic_dir
+from swiftkv.provenance import git_commit
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the tables read; never the weights

@@ -2,8 +2,8 @@
 
 import logging
 
-from swiftkv.flops import model_summary
 from swiftkv.io import write_json
+from swiftkv.measure.flops import model_summary
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from analysis.claims import evaluate
 from analysis.io import write_csv
 from analysis.raw import COMMITTED
-from swiftkv.bench.provenance import git_commit
+from swiftkv.provenance import git_commit
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 root = Path(snakemake.wildcards.root)  # noqa: F821

@@ -28,9 +28,9 @@ from swiftkv.bench.serving.predict import predicted_speedup
 from swiftkv.bench.serving.variants import VariantSpec, reference_of
 from swiftkv.bench.serving.workloads import Request, poisson_arrivals, random_prompts, workload_stats
 from swiftkv.bench.speed import summarize
-from swiftkv.cache import cache_bytes, expected_cache_bytes
-from swiftkv.convert import convert_to_swiftkv
 from swiftkv.errors import SwiftKVError
+from swiftkv.models.cache import cache_bytes, expected_cache_bytes
+from swiftkv.models.convert import convert_to_swiftkv
 
 logger = logging.getLogger(__name__)
 

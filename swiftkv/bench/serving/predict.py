@@ -3,7 +3,7 @@
 time ~ FLOPs, so for requests (n_in, n_out), summed over the workload:
     FLOPs = prefill(n_in prompt tokens, as one forward runs them) + (n_out - 1) * decode(mean context)
     speedup = FLOPs(base) / FLOPs(SwiftKV at l, g)
-with ``swiftkv.flops.prefill_flops`` (the real forward: all prompt positions through layers < l, only the last
+with ``swiftkv.measure.flops.prefill_flops`` (the real forward: all prompt positions through layers < l, only the last
 through layers >= l and the LM head; it also yields the first output token) and ``decode_flops_per_token`` for
 the other tokens, less the input-embedding matmul that the paper's convention counts (a lookup when serving).
 Only the prompt gets cheaper, so the prediction grows with the input/output ratio towards the prefill-only
@@ -23,9 +23,9 @@ logger = logging.getLogger(__name__)
 @functools.cache
 def _flops_functions():
     try:
-        from swiftkv.flops import decode_flops_per_token, prefill_flops
+        from swiftkv.measure.flops import decode_flops_per_token, prefill_flops
     except ImportError:  # the FLOPs accounting lands with the analysis issue
-        logger.warning("swiftkv.flops is not available: predicted speedups are left empty")
+        logger.warning("swiftkv.measure.flops is not available: predicted speedups are left empty")
         return None
     return prefill_flops, decode_flops_per_token
 
@@ -49,7 +49,7 @@ def workload_flops(config, lengths: Iterable[tuple[int, int]], num_key_value_lay
 
 def predicted_speedup(config, lengths: list[tuple[int, int]], num_key_value_layers: int | None,
                       key_value_group_size: int = 1) -> float | None:
-    """Base FLOPs / SwiftKV FLOPs of the workload; 1.0 for the base itself; None without ``swiftkv.flops``."""
+    """Base FLOPs / SwiftKV FLOPs of the workload; 1.0 for the base itself; None without ``swiftkv.measure.flops``."""
     if num_key_value_layers is None:
         return 1.0 if _flops_functions() is not None else None
     base = workload_flops(config, lengths)

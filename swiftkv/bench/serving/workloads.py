@@ -115,7 +115,7 @@ def select_sharegpt(
 ) -> dict:
     """For each minimum ratio, ``num_requests`` requests sampled (seeded) from those that pass it."""
     if conversations is None:
-        from swiftkv.data import sharegpt_split
+        from swiftkv.data.conversations import sharegpt_split
 
         conversations = sharegpt_split(split)
     pool = candidate_requests(conversations, tokenizer, max_input_len, max_output_len)

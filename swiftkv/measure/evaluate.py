@@ -9,10 +9,10 @@
   Multiple-choice questions share their context across choices, so this also saves the repeated context.
   Log-likelihoods equal a full forward's (tested on tiny random models, teacher and student).
 - **KV-cache variants**: ``kv_cache="fp8"`` runs every forward (and ``generate``) with an FP8 fake-quant cache
-  (``swiftkv.kvquant``), for the paper's Table B.1.
+  (``swiftkv.models.kvquant``), for the paper's Table B.1.
 
 Importing this module registers it with lm-eval as model ``swiftkv``, so
-``python -m swiftkv.harness --model swiftkv --model_args pretrained=<checkpoint> ...`` works too.
+``python -m swiftkv.measure.harness --model swiftkv --model_args pretrained=<checkpoint> ...`` works too.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
 
 import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
 from swiftkv.errors import SwiftKVError
-from swiftkv.kvquant import make_cache_factory
-from tqdm.auto import tqdm
+from swiftkv.models.kvquant import make_cache_factory
 
 logger = logging.getLogger(__name__)
 
@@ -372,11 +372,11 @@ def evaluate_model(
     """lm-eval results (with samples) of ``model`` as the student (None without ``tasks``), and its fidelity to
     ``teacher_model``.
 
-    ``fidelity`` is a ``swiftkv.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
-    it uses (default: ``swiftkv.heldout.heldout_sample()``).
+    ``fidelity`` is a ``swiftkv.measure.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
+    it uses (default: ``swiftkv.data.heldout.heldout_sample()``).
     """
-    from swiftkv.fidelity import measure_fidelity
-    from swiftkv.kvquant import kv_memory
+    from swiftkv.measure.fidelity import measure_fidelity
+    from swiftkv.models.kvquant import kv_memory
 
     result = None
     if tasks:
@@ -391,7 +391,7 @@ def evaluate_model(
         result["swiftkv"]["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
     fid = None
     if fidelity is not None:
-        from swiftkv.heldout import heldout_sample
+        from swiftkv.data.heldout import heldout_sample
 
         t0 = time.perf_counter()
         conversations = heldout if heldout is not None else heldout_sample()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from swiftkv.cache import cached_layers
+from swiftkv.models.cache import cached_layers
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448

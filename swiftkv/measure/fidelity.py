@@ -162,7 +162,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def measure_fidelity(teacher, student, tokenizer, conversations, settings: FidelitySettings,
                      cache_factory=None, progress: bool = True) -> dict:
     """All three measures for ``student`` against ``teacher`` on held-out ``conversations`` (a list of
-    ``swiftkv.data.Conversation``); per-conversation rows plus the totals."""
+    ``swiftkv.data.conversations.Conversation``); per-conversation rows plus the totals."""
     seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
     prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
     rows = teacher_forced(teacher, student, seqs, settings.batch_size, cache_factory, progress)

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from swiftkv.errors import SwiftKVError
-from swiftkv.fidelity import continuation_scores
+from swiftkv.measure.fidelity import continuation_scores
 
 logger = logging.getLogger(__name__)
 

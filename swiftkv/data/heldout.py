@@ -1,6 +1,6 @@
 """Held-out ShareGPT for evaluation: a fixed sample, and a perplexity task for lm-eval (``loglikelihood_rolling``).
 
-The sample comes from ``swiftkv.data.sharegpt_split("heldout")`` (never trained on) in a fixed order, the sha256
+The sample comes from ``swiftkv.data.conversations.sharegpt_split("heldout")`` (never trained on) in a fixed order, the sha256
 of the conversation id, so it does not depend on file order or on how many documents a profile asks for: a
 profile asking for more documents gets a superset.
 """
@@ -23,7 +23,7 @@ PPL_TASK = "sharegpt_heldout_ppl"
 
 def heldout_sample(conversations=None, heldout_percent: float | None = None) -> list:
     """Held-out conversations ordered by the sha256 of their id."""
-    from swiftkv.data import DEFAULT_HELDOUT_PERCENT, sharegpt_split
+    from swiftkv.data.conversations import DEFAULT_HELDOUT_PERCENT, sharegpt_split
 
     if conversations is None:
         conversations = sharegpt_split("heldout", heldout_percent or DEFAULT_HELDOUT_PERCENT)
@@ -38,7 +38,7 @@ def write_conversations(conversations, path: str | Path) -> None:
 
 
 def read_conversations(path: str | Path) -> list:
-    from swiftkv.data import Conversation
+    from swiftkv.data.conversations import Conversation
 
     with open(path) as f:
         return [Conversation(d["id"], d["messages"]) for d in map(json.loads, f)]
@@ -49,7 +49,7 @@ def heldout_conversations(path: str | Path | None = None) -> list:
     ShareGPT's whole held-out split."""
     if path:
         return read_conversations(path)
-    from swiftkv.data import sharegpt_split
+    from swiftkv.data.conversations import sharegpt_split
 
     return sharegpt_split("heldout")
 

@@ -1,7 +1,7 @@
 """The teacher cache: what the frozen teacher computes for a distillation, computed once and shared by every student.
 
 Every SwiftKV student of a model distils against the same teacher (the model itself with SwiftKV off) on the same
-token stream (``swiftkv.packing.conversation_stream``: the data source, shuffled by the seed, packed the same way for
+token stream (``swiftkv.data.packing.conversation_stream``: the data source, shuffled by the seed, packed the same way for
 every budget). One no-grad pass over that stream stores, per token:
 
 - ``h{l}``: the residual stream entering layer ``l``, for every ``l`` the students use — their input (the shared
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from swiftkv.data.packing import Pack, PackReport, Segment, cut_stream, pack_stream
 from swiftkv.errors import SwiftKVError
-from swiftkv.packing import Pack, PackReport, Segment, cut_stream, pack_stream
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +253,9 @@ def build_teacher_cache(
     assistant_masks = settings.assistant_masks
     from tqdm.auto import tqdm
 
-    from swiftkv.convert import convert_to_swiftkv
+    from swiftkv.data.packing import HELDOUT_SEED, collate_packs, conversation_stream
     from swiftkv.io import atomic_dir, check_output_dir
-    from swiftkv.packing import HELDOUT_SEED, collate_packs, conversation_stream
+    from swiftkv.models.convert import convert_to_swiftkv
 
     output = check_output_dir(output, overwrite)
     if storage_dtype not in STORAGE_DTYPES:
@@ -337,7 +337,7 @@ def cached_batch(cache: TeacherCache, split: str, packs: list[Pack], rows: list,
                  dtype: torch.dtype, pre_last: int | None = None) -> dict:
     """``collate_packs`` plus the cached teacher tensors: ``boundary`` (h_l), ``teacher`` (final normed hidden) and,
     for kl+hidden, ``teacher_pre_last`` (the stream entering the last layer)."""
-    from swiftkv.packing import collate_packs
+    from swiftkv.data.packing import collate_packs
 
     batch = collate_packs(packs, pad_id)
     width = batch["input_ids"].shape[1]

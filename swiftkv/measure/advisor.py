@@ -3,11 +3,11 @@
 For every candidate (l, g) — l from a list of skipped fractions, g an AcrossKV group size that divides L - l — it
 measures, on held-out ShareGPT conversations and with no training:
 
-- SimScore at l (paper Eq. 1, and the two diagnostics of ``swiftkv.simscore``), with its bootstrap interval;
+- SimScore at l (paper Eq. 1, and the two diagnostics of ``swiftkv.measure.simscore``), with its bootstrap interval;
 - the untrained student's KL(teacher || student) per token (T = 1, teacher-forced, the reference init of
-  ``swiftkv.convert``: exactly the student a distillation run starts from) and its top-1 agreement, with a bootstrap
+  ``swiftkv.models.convert``: exactly the student a distillation run starts from) and its top-1 agreement, with a bootstrap
   interval over conversations;
-- the prefill FLOPs and KV-cache bytes it saves (``swiftkv.flops``).
+- the prefill FLOPs and KV-cache bytes it saves (``swiftkv.measure.flops``).
 
 Candidates that no other candidate beats on both saved FLOPs and untrained KL form the Pareto front.
 
@@ -75,7 +75,7 @@ class TrainedPoint:
 def candidates(num_layers: int, settings: AdvisorSettings) -> list[Candidate]:
     """Every (l, g) of the settings, deduplicated, in order of l (descending: least skipped first) then g; a g that
     does not divide L - l is left out."""
-    from swiftkv.flops import layers_for_skip
+    from swiftkv.measure.flops import layers_for_skip
 
     if num_layers < 2:
         raise SwiftKVError(f"a model needs at least 2 layers to be cut; this one has {num_layers}")
@@ -108,10 +108,10 @@ def measure_candidates(model, tokenizer, conversations, settings: AdvisorSetting
     import torch
     from tqdm.auto import tqdm
 
-    from swiftkv.convert import convert_to_swiftkv
-    from swiftkv.fidelity import teacher_forced, teacher_forced_sequences
-    from swiftkv.flops import flops_report
-    from swiftkv.simscore import SimScoreSettings, bootstrap_ci, measure_simscore
+    from swiftkv.measure.fidelity import teacher_forced, teacher_forced_sequences
+    from swiftkv.measure.flops import flops_report
+    from swiftkv.measure.simscore import SimScoreSettings, bootstrap_ci, measure_simscore
+    from swiftkv.models.convert import convert_to_swiftkv
 
     if getattr(model.config, "swiftkv", None) is not None:
         raise SwiftKVError("give the advisor a base model, not a SwiftKV checkpoint: it converts each candidate itself")

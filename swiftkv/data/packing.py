@@ -1,4 +1,4 @@
-"""Tokenisation and attention-separated packing of conversations (``swiftkv.data``) into training rows.
+"""Tokenisation and attention-separated packing of conversations (``swiftkv.data.conversations``) into training rows.
 
 Conversations are rendered with the chat template, shuffled by a seed and laid end to end in rows of ``max_length``
 tokens; position ids restart at 0 for each conversation, so a row's attention never crosses a conversation. The
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from swiftkv.data import Conversation
+from swiftkv.data.conversations import Conversation
 from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
