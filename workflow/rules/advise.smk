@@ -27,6 +27,8 @@ rule advise_cut:
         tokens=EVAL["fidelity"]["tokens"],
         skips=" ".join(f"{s:g}" for s in ADVISE["skips"]) if ADVISE else "",
         groups=" ".join(str(g) for g in ADVISE["group_sizes"]) if ADVISE else "",
+    resources:
+        **job_resources("analysis"),
     threads: ALL_CORES  # forward passes use every core; one model at a time
     shell:
         "swiftkv advise {params.source} --name {wildcards.model} --dtype {params.dtype} --threads {threads}"

@@ -108,6 +108,8 @@ rule compute_simscore:
         source=model_source,
         dtype=DTYPE,
         cfg=config["simscore"],
+    resources:
+        **job_resources("analysis"),
     threads: ALL_CORES  # forward passes use every core; one model at a time
     shell:
         "swiftkv simscore {params.source} --name {wildcards.model} --dtype {params.dtype} --threads {threads}"
@@ -147,6 +149,8 @@ rule bench_forward_time:
         source=model_source,
         dtype=DTYPE,
         cfg=config["prefill_time"],
+    resources:
+        **job_resources("bench"),
     threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench prefill {params.source} --dtype {params.dtype} --threads {threads}"

@@ -48,6 +48,14 @@ def _distill_threads():
 DISTILL_THREADS = _distill_threads()
 
 
+def job_resources(kind):
+    """What a job of this kind that runs a model asks the scheduler for (its `resources`): gpu (a count), mem_mb and
+    runtime (minutes), from the profile's resources section (config/config.yaml: 0 GPUs; config/paper.yaml: the
+    paper's). A Snakemake profile under workflow/profiles/ that declares resources gpu=N caps each job's gpu at N."""
+    spec = config["resources"][kind]
+    return {"gpu": spec["gpu"], "mem_mb": spec["mem_mb"], "runtime": spec["runtime"]}
+
+
 wildcard_constraints:  # the ids of config models and of variants-sheet rows (one definition for every rule)
     model="[a-z0-9][a-z0-9.-]*",
     variant="[a-z0-9][a-z0-9.-]*",
@@ -201,10 +209,22 @@ def distill_curve_args(wildcards):
     return f"{distill_budget_args(wildcards)} --tokens {c['tokens']} --eval-every {c['eval_every']}"
 
 
-def distill_launcher(wildcards):
-    """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config (multi-GPU)."""
+def distill_launcher(wildcards, resources):
+    """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config and one process per GPU
+    the job was given (its resources gpu: config resources.distill.gpu, capped by a profile's resources: gpu=N;
+    this overrides the accelerate config's num_processes). A job given no GPU runs one process."""
     cfg = config["distill"].get("accelerate_config")
-    return f"accelerate launch --config_file {cfg} -m swiftkv.cli" if cfg else "swiftkv"
+    if not cfg or not resources.gpu:
+        return "swiftkv"
+    return f"accelerate launch --config_file {cfg} --num_processes {resources.gpu} -m swiftkv.cli"
+
+
+def distill_runtime_args(wildcards):
+    """How a distillation computes, not what it learns: the profile's mixed precision and, where the profile names
+    one (config distill.strategy), the distributed strategy; nothing when it names none, so that a swiftkv distill
+    without --strategy still runs."""
+    strategy = config["distill"].get("strategy")
+    return " ".join(x for x in (MIXED_PRECISION, f"--strategy {strategy}" if strategy else "") if x)
 
 
 def student_args(model, variant):

@@ -28,6 +28,8 @@ rule build_teacher_cache:
         # only what the cache holds: a change of lr, threads or the curve's label must not rebuild it (and with it
         # every distillation); .get: a profile without the cache (the paper's) need not set cache_dtype
         d={k: config["distill"].get(k) for k in ("max_length", "heldout_tokens", "data", "cache_dtype")},
+    resources:
+        **job_resources("teacher_cache"),
     threads: ALL_CORES
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.spec[layers]} --tokens {params.spec[tokens]}"
@@ -48,11 +50,13 @@ rule distill_swiftkv:
         "benchmarks/distill_swiftkv/{model}/{variant}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         DISTILL_SHELL
@@ -71,11 +75,13 @@ rule distill_swiftkv_curve:
         "benchmarks/distill_swiftkv_curve/{model}/{variant}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_curve_args,
         cache=teacher_cache_arg,
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         DISTILL_SHELL
@@ -145,6 +151,8 @@ rule bench_distill:
     params:
         model=model_source,
         options=bench_distill_args,
+    resources:
+        **job_resources("bench"),
     threads: ALL_CORES
     shell:
         "swiftkv bench distill {params.model} {params.options} --threads {threads} -o {output} > {log} 2>&1"

@@ -153,6 +153,8 @@ if EVAL["suite"] == "bigbench":
             source=model_source,
             batch=EVAL["batch_size"],
             dtype=DTYPE,
+        resources:
+            **job_resources("eval"),
         threads: ALL_CORES
         shell:
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
@@ -233,6 +235,8 @@ rule eval_swiftkv:
         "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
         **EVAL_PARAMS,
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         EVAL_SHELL
@@ -250,6 +254,8 @@ rule heldout_swiftkv:
         "benchmarks/heldout_swiftkv/{model}/{variant}/{kvcache}.tsv"
     params:
         **heldout_params(heldout_ppl_args),
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         HELDOUT_SHELL

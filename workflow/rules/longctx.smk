@@ -37,6 +37,8 @@ rule long_context:
         lengths=" ".join(str(n) for n in LONG_CONTEXT["lengths"]) if LONG_CONTEXT else "",
         depths=" ".join(f"{d:g}" for d in LONG_CONTEXT["depths"]) if LONG_CONTEXT else "",
         contexts=" ".join(str(n) for n in LONG_CONTEXT["contexts"]) if LONG_CONTEXT else "",
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         "swiftkv long-context {params.source} --name {wildcards.model} --dtype {params.dtype} --threads {threads}"

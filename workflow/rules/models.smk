@@ -8,5 +8,7 @@ rule prepare_model:
         "logs/prepare_model/{model}.log",
     params:
         resources=resources_root,
+    resources:
+        **job_resources("prepare"),
     shell:
         "swiftkv prepare-model {wildcards.model} --resources {params.resources} --force > {log} 2>&1"

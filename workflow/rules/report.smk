@@ -145,9 +145,8 @@ rule render_report:
 
 
 def vllm_env_input(wildcards):
-    """The vLLM CPU build's versions, for the run's provenance (profiles that serve with it)."""
-    cpu_vllm = any(e["engine"] == "vllm" and e["device"] == "cpu" for e in SERVE_ENGINES.values())
-    return ["results/envs/vllm-cpu.txt"] if cpu_vllm else []
+    """The versions of the vLLM environments the profile serves with, for the run's provenance (serve.smk)."""
+    return vllm_env_records()
 
 
 # Where the run's tables came from (commit, profile and its hash, hardware, versions, date, job times; each raw

