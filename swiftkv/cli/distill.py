@@ -73,14 +73,16 @@ def one_line_rank_failures():
         yield
     except (dist.DistError, RuntimeError) as err:
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world == 1 or isinstance(err, SwiftKVError):
+        lost = isinstance(err, dist.DistError) or any(
+            word in str(err) for word in ("gloo", "Gloo", "NCCL", "Connection", "connection", "closed by peer"))
+        if world == 1 or not lost:
             raise
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's stop must not cut this line short
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunFailed(f"rank {os.environ.get('RANK', '?')} of {world} stopped: another rank of the run failed or was "
                         f"killed (the launcher's report names it); nothing was saved as a result ({first[:160]})") from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def cmd_distill(args) -> None:
@@ -117,6 +119,10 @@ def cmd_distill(args) -> None:
                         overwrite=args.overwrite, teacher_cache=cache, save_at=dict(args.save_at or []),
                         log_only=args.log_only, strategy=args.strategy, processes=args.processes,
                         gradient_checkpointing=args.gradient_checkpointing)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports
         return
     init, final = summary["heldout_initial"], summary["heldout_final"]

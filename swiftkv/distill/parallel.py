@@ -74,6 +74,8 @@ class Parallel:
             torch.cuda.set_device(device)
         if world > 1 and not dist.is_initialized():
             dist.init_process_group("gloo" if cpu else "nccl", device_id=None if cpu else device)
+        if world > 1:
+            _one_line_on_sigterm(rank, world)
         return cls(rank, world, device, strategy)
 
     # -- collectives (no-ops in one process) --------------------------------------------------------------------
@@ -140,6 +142,20 @@ class Parallel:
         if self.strategy == "fsdp":
             shard_pair(pair, self.device)
         return pair
+
+
+def _one_line_on_sigterm(rank: int, world: int) -> None:
+    """torchrun (and accelerate launch) stop the other ranks with SIGTERM when one fails: say so in one line."""
+    import signal
+    import sys
+
+    def stopped(signum, frame):
+        sys.stderr.write(f"error: rank {rank} of {world} stopped by the launcher: another rank of the run failed or "
+                         "was killed (the launcher's report names it); nothing was saved as a result\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, stopped)
 
 
 def keep_trainable_fp32(model: nn.Module) -> None:
