@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from swiftkv.distill import DistillSettings, Interrupted, train
+from swiftkv.distill import DistillSettings, train
 from swiftkv.distill.parallel import Parallel
 from swiftkv.errors import SwiftKVError
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
-SETTINGS = dict(num_key_value_layers=1, tokens=1500, max_length=96, heldout_tokens=200, batch_size=2, lr=3e-3,
-                checkpoint_every=2, eval_every=3)
+SETTINGS = {"num_key_value_layers": 1, "tokens": 1500, "max_length": 96, "heldout_tokens": 200, "batch_size": 2, "lr": 3e-3,
+                "checkpoint_every": 2, "eval_every": 3}
 WSD = dict(SETTINGS, schedule="wsd", read_budgets=[600, 1500])
 ODD = dict(SETTINGS, batch_size=4, tokens=1200)  # the last global batch is short: one rank gets no row
 
@@ -161,7 +161,7 @@ def test_a_killed_rank_fails_the_job_with_one_line(tmp_path):
 
 def test_a_launcher_that_started_fewer_processes_is_refused(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(SwiftKVError, match="asked for 2 processes but the launcher started 1.*--multi_cpu"):
+    with pytest.raises(SwiftKVError, match="asked for 2 processes but the launcher started 1.*accelerate launch --multi_gpu --num_processes 2"):
         Parallel.start(expect_processes=2)
     monkeypatch.setenv("SWIFTKV_EXPECT_WORLD_SIZE", "4")
     with pytest.raises(SwiftKVError, match="asked for 4 processes but the launcher started 1"):
@@ -195,3 +195,29 @@ def test_fsdp_in_one_process_is_the_one_process_run(tmp_path):
     assert summary(tmp_path / "b")["strategy"] == "none"
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
 
+
+
+def test_bf16_frozen_weights_keep_the_trainable_ones_and_adam_in_fp32(tmp_path):
+    base = tiny_base(num_hidden_layers=4).to(torch.bfloat16)
+    settings = DistillSettings(**dict(SETTINGS, tokens=300))
+    kw = {"train_conversations": tiny_conversations(120), "heldout_conversations": tiny_conversations(15, 1, "h"),
+              "progress": False}
+    with pytest.raises(SwiftKVError, match="frozen weights are bfloat16.*--mixed-precision bf16"):
+        train(base, tiny_tokenizer(), settings, tmp_path / "no", mixed_precision="no", **kw)
+    seen = set()
+    adamw = torch.optim.AdamW
+
+    class Spy(adamw):
+        def step(self, *a, **k):
+            out = super().step(*a, **k)
+            seen.update({(p.dtype, v.dtype) for p in self.state for v in self.state[p].values() if v.dim()})
+            return out
+
+    torch.optim.AdamW = Spy
+    try:
+        s = train(base, tiny_tokenizer(), settings, tmp_path / "out", **kw)  # bf16 autocast by default
+    finally:
+        torch.optim.AdamW = adamw
+    assert s["mixed_precision"] == "bf16" and s["heldout_final"]["heldout_kl"] < s["heldout_initial"]["heldout_kl"]
+    assert set(seen) == {(torch.float32, torch.float32)}  # trained weights and AdamW's states
+    assert {w.dtype for w in weights(tmp_path / "out").values()} == {torch.bfloat16}  # saved as it was loaded

@@ -59,7 +59,8 @@ class Parallel:
         if expect is not None and expect != world:
             raise SwiftKVError(
                 f"asked for {expect} processes but the launcher started {world}; launch with torchrun "
-                f"--nproc_per_node {expect}, or accelerate launch --num_processes {expect} (on CPU also --multi_cpu)")
+                f"--nproc_per_node {expect}, or accelerate launch --multi_gpu --num_processes {expect} (also on a CPU-only "
+                f"machine: accelerate's --cpu starts one process)")
         if strategy is None:
             strategy = "ddp" if world > 1 else "none"
         if strategy not in STRATEGIES:
@@ -156,6 +157,14 @@ def _one_line_on_sigterm(rank: int, world: int) -> None:
         os._exit(1)
 
     signal.signal(signal.SIGTERM, stopped)
+
+
+def enable_checkpointing(model: nn.Module, l: int) -> None:
+    """transformers' gradient checkpointing (non-reentrant ``torch.utils.checkpoint``) on the decoder layers >= l:
+    they keep only their input and recompute the rest in backward. Layers < l run without autograd: nothing to keep."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.model.layers[:l]:
+        layer.gradient_checkpointing = False
 
 
 def keep_trainable_fp32(model: nn.Module) -> None:

@@ -222,7 +222,7 @@ def train(
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
     from swiftkv.device import fast_dtype
-    from swiftkv.distill.parallel import Parallel, clip_grad_norm, keep_trainable_fp32
+    from swiftkv.distill.parallel import Parallel, clip_grad_norm, enable_checkpointing, keep_trainable_fp32
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.packing import collate_packs
     from swiftkv.teacher_cache import cached_batch
@@ -240,8 +240,15 @@ def train(
     fingerprint = settings.fingerprint(model_name)
     if cpu is None:
         cpu = not torch.cuda.is_available()
+    frozen = {p.dtype for p in base_model.parameters()} - {torch.float32}  # --dtype: how the frozen weights are held
     if mixed_precision is None:
-        mixed_precision = "bf16" if fast_dtype("cpu" if cpu else "cuda") == torch.bfloat16 else "no"
+        fast = fast_dtype("cpu" if cpu else "cuda") == torch.bfloat16
+        mixed_precision = ("bf16" if frozen == {torch.bfloat16} or fast
+                           else "fp16" if frozen == {torch.float16} else "no")
+    elif frozen and mixed_precision == "no":
+        held = min(map(str, frozen)).removeprefix("torch.")
+        raise SwiftKVError(f"the frozen weights are {held} (--dtype) while the trainable ones stay fp32: they meet only "
+                           "under autocast; use --mixed-precision bf16 (or --dtype float32)")
     par = Parallel.start(strategy, cpu=cpu, expect_processes=processes)
     par.check_batch_size(settings.batch_size)
     main = par.main
@@ -253,9 +260,7 @@ def train(
     pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden",
                         teacher_cached=cache is not None).to(par.device)
     if gradient_checkpointing:
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        for layer in student.model.layers[:settings.num_key_value_layers]:  # no autograd there: nothing to keep
-            layer.gradient_checkpointing = False
+        enable_checkpointing(student, settings.num_key_value_layers)
     raw = pair
     params = list(trainable_parameters(pair).values())
     n_trainable = sum(p.numel() for p in params)
@@ -337,11 +342,15 @@ def train(
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
     scaler = torch.amp.GradScaler(par.device.type) if mixed_precision == "fp16" else None
 
-    def autocast():
-        return torch.autocast(par.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    def autocast(evaluation: bool = False):
+        """Training steps run under the run's autocast; evaluations only where they must (frozen weights held in
+        another dtype than the fp32 trainable ones), so an fp32 model's held-out numbers stay fp32."""
+        on = autocast_dtype is not None and (not evaluation or bool(frozen))
+        return torch.autocast(par.device.type, dtype=autocast_dtype, enabled=on)
 
     def evaluate(step: int) -> dict:
-        metrics = heldout.evaluate()
+        with autocast(evaluation=True):
+            metrics = heldout.evaluate()
         guard.check_eval(step, metrics)
         if metrics:
             log.write({"event": "eval", "step": step, "tokens": tokens_seen, **metrics})
@@ -409,7 +418,8 @@ def train(
                 log.write({"event": "train", "branch": read.budget, "step": at, "branch_step": j + 1,
                            "loss": loss_value, "lr": used, "step_s": dt, "tok_per_s": n_tokens / dt})
             pair.eval()
-            metrics = heldout.evaluate(per_row=True)
+            with autocast(evaluation=True):
+                metrics = heldout.evaluate(per_row=True)
             guard.check_eval(at, metrics)
             pair.train()
             record = {"event": "budget", "budget": read.budget, "step": at, "steps": read.steps,
