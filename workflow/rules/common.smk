@@ -158,8 +158,10 @@ def distill_budget_args(wildcards):
         "heldout-tokens": d["heldout_tokens"],
         "seed": d["seed"],
         "data": d["data"],
-        "batch-size": d["batch_size"],
+        "batch-size": d["batch_size"],  # the global batch: the same students at any process count
     }
+    if d.get("processes", 1) > 1:  # refuse a launcher that starts fewer; how the ranks split the model
+        opts.update(processes=d["processes"], strategy=d.get("strategy", "ddp"))
     opts.update(d.get("overrides", {}))
     seed = getattr(wildcards, "seed", None)
     if seed is not None:  # a seeds-study run (rule distill_swiftkv_seed)
@@ -203,8 +205,11 @@ def distill_curve_args(wildcards):
 
 def distill_launcher(wildcards):
     """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config (multi-GPU)."""
-    cfg = config["distill"].get("accelerate_config")
-    return f"accelerate launch --config_file {cfg} -m swiftkv.cli" if cfg else "swiftkv"
+    d = config["distill"]
+    cfg = d.get("accelerate_config")
+    # the profile sets the process count; the accelerate config holds only what does not change between clusters
+    return f"accelerate launch --config_file {cfg} --num_processes {d.get('processes', 1)} -m swiftkv.cli" if cfg \
+        else "swiftkv"
 
 
 def student_args(model, variant):
