@@ -41,7 +41,7 @@ def launch(specs: list[dict], timeout: int = 300) -> subprocess.CompletedProcess
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "tests.distributed_worker", json.dumps(specs)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def one_process(out: Path, settings: dict, **kw) -> dict:
@@ -154,6 +154,32 @@ def test_a_killed_rank_fails_the_job_with_one_line(tmp_path):
                     ours[0])
     assert "swiftkv/" not in done.stderr  # no traceback from our code (torchrun's own report names rank 1)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_the_fsdp_config_trains_the_one_process_student(tmp_path):
+    """`accelerate launch --config_file config/accelerate/fsdp.yaml --num_processes 2` starts 2 ranks (on a CPU-only
+    machine too) and its config makes fsdp the default strategy."""
+    settings = dict(SETTINGS, tokens=400)
+    one_process(tmp_path / "one", settings)
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    spec = [{"output": str(tmp_path / "acc"), "processes": 2, "settings": settings}]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(root / "config/accelerate/fsdp.yaml"),
+           "--num_processes", "2", "--main_process_port", str(free_port()), "-m", "tests.distributed_worker",
+           json.dumps(spec)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_student(tmp_path / "one", tmp_path / "acc")
+    assert (summary(tmp_path / "acc")["processes"], summary(tmp_path / "acc")["strategy"]) == (2, "fsdp")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # -- refusals, in one process -------------------------------------------------------------------------------------

@@ -61,8 +61,8 @@ class Parallel:
                 f"asked for {expect} processes but the launcher started {world}; launch with torchrun "
                 f"--nproc_per_node {expect}, or accelerate launch --multi_gpu --num_processes {expect} (also on a CPU-only "
                 f"machine: accelerate's --cpu starts one process)")
-        if strategy is None:
-            strategy = "ddp" if world > 1 else "none"
+        if strategy is None:  # an accelerate FSDP config (config/accelerate/fsdp.yaml) asks for fsdp
+            strategy = "none" if world == 1 else "fsdp" if os.environ.get("ACCELERATE_USE_FSDP") == "true" else "ddp"
         if strategy not in STRATEGIES:
             raise SwiftKVError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         if world > 1 and strategy == "none":
