@@ -111,6 +111,7 @@ def test_two_ranks_train_the_one_process_student(two_ranks, single, strategy):
     assert_same_student(single / "cosine", two_ranks / strategy)
     s = summary(two_ranks / strategy)
     assert (s["processes"], s["strategy"]) == (2, strategy)
+    assert not (two_ranks / f"{strategy}.ckpt").exists()  # checkpoints and the packed rows removed at the end
 
 
 @pytest.mark.slow
@@ -247,3 +248,19 @@ def test_bf16_frozen_weights_keep_the_trainable_ones_and_adam_in_fp32(tmp_path):
     assert s["mixed_precision"] == "bf16" and s["heldout_final"]["heldout_kl"] < s["heldout_initial"]["heldout_kl"]
     assert set(seen) == {(torch.float32, torch.float32)}  # trained weights and AdamW's states
     assert {w.dtype for w in weights(tmp_path / "out").values()} == {torch.bfloat16}  # saved as it was loaded
+
+
+@pytest.mark.parametrize("assistant", [False, True])
+def test_packed_rows_on_disk_read_back_the_packs(tmp_path, assistant):
+    from swiftkv.distill.packed_file import PackedRows, remove_packed, write_packed
+    from swiftkv.packing import pack_conversations
+
+    packs = pack_conversations(tiny_conversations(40), tiny_tokenizer(), 96, 1500, 0, assistant_masks=assistant)
+    write_packed(tmp_path / "p", packs)
+    rows = PackedRows(tmp_path / "p")
+    assert len(rows) == len(packs) and rows[-1][1] is None
+    for (got, _), want in zip(rows[0:len(packs)], packs, strict=True):
+        assert (got.input_ids, got.position_ids, got.labels, got.assistant) == (
+            want.input_ids, want.position_ids, want.labels, want.assistant)
+    remove_packed(tmp_path / "p")
+    assert not (tmp_path / "p").exists()

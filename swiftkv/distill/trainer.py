@@ -222,6 +222,7 @@ def train(
     from swiftkv.cache import expected_cache_bytes
     from swiftkv.convert import save_model_dir
     from swiftkv.device import fast_dtype
+    from swiftkv.distill.packed_file import PackedRows, remove_packed, write_packed
     from swiftkv.distill.parallel import Parallel, clip_grad_norm, enable_checkpointing, keep_trainable_fp32
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.packing import collate_packs
@@ -265,12 +266,21 @@ def train(
     params = list(trainable_parameters(pair).values())
     n_trainable = sum(p.numel() for p in params)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    packed = ckpt_dir / f"packed-{fingerprint}"  # N ranks without a teacher cache: the packed rows, memory-mapped
     if cache is not None or par.world == 1:  # a teacher cache holds the packed stream: every rank reads it
-        data = prepare_data(tokenizer, settings, train_conversations, heldout_conversations, cache)
-    else:  # the data are tokenised and packed once, by rank 0
-        data = par.broadcast_object(prepare_data(tokenizer, settings, train_conversations, heldout_conversations)
-                                    if main else None)
-    train_items, heldout_items, data_report = data
+        train_items, heldout_items, data_report = prepare_data(tokenizer, settings, train_conversations,
+                                                               heldout_conversations, cache)
+    else:  # tokenised and packed once, by rank 0, into a file every rank maps
+        small = None
+        if main:
+            items, heldout_items, data_report = prepare_data(tokenizer, settings, train_conversations,
+                                                             heldout_conversations)
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            write_packed(packed, [p for p, _ in items])
+            small = (heldout_items, data_report)
+            del items
+        heldout_items, data_report = par.broadcast_object(small)  # after rank 0 wrote the file
+        train_items = PackedRows(packed)
     logger.info("data: %s", data_report)
     dtype = next(student.parameters()).dtype
     pre_last = student.config.num_hidden_layers - 1 if settings.loss == "kl+hidden" else None
@@ -528,6 +538,7 @@ def train(
                     if item.name != MARKER:
                         os.replace(item, tmp / item.name)
             remove_own_files(staged, [MARKER])
+        remove_packed(packed)
         remove_own_files(ckpt_dir, [CHECKPOINT_FILE, LOG_FILE, MARKER])
     par.barrier()
     return summary
