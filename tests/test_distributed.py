@@ -264,3 +264,18 @@ def test_packed_rows_on_disk_read_back_the_packs(tmp_path, assistant):
             want.input_ids, want.position_ids, want.labels, want.assistant)
     remove_packed(tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_the_cli_refuses_a_short_launch_and_an_indivisible_batch_before_loading_anything(tmp_path, monkeypatch, capsys):
+    from swiftkv.cli import main
+
+    argv = ["distill", "no-such-model", "-l", "1", "-o", str(tmp_path / "out")]
+    assert main([*argv, "--processes", "2"]) == 2
+    expected = ("error: asked for 2 processes but the launcher started 1; launch with torchrun --nproc_per_node 2, or "
+                "accelerate launch --multi_gpu --num_processes 2 (also on a CPU-only machine: accelerate's --cpu starts "
+                "one process)")
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main([*argv, "--batch-size", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-size 3 is the global batch" in err[0]

@@ -95,8 +95,10 @@ def cmd_distill(args) -> None:
 
     from swiftkv.data import load_conversations, split_conversations
     from swiftkv.distill import train
+    from swiftkv.distill.parallel import Parallel
     from swiftkv.loading import check_student_shape, load_model
 
+    Parallel.check_launch(args.strategy, args.processes, settings.batch_size)  # before any loading
     check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
                         settings.key_value_heads)
     cache = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ class Parallel:
 
     rank: int = 0
     world: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     strategy: str = "none"
 
     @property
@@ -55,18 +55,7 @@ class Parallel:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        expect = expect_processes or int(os.environ.get("SWIFTKV_EXPECT_WORLD_SIZE", "0") or 0) or None
-        if expect is not None and expect != world:
-            raise SwiftKVError(
-                f"asked for {expect} processes but the launcher started {world}; launch with torchrun "
-                f"--nproc_per_node {expect}, or accelerate launch --multi_gpu --num_processes {expect} (also on a CPU-only "
-                f"machine: accelerate's --cpu starts one process)")
-        if strategy is None:  # an accelerate FSDP config (config/accelerate/fsdp.yaml) asks for fsdp
-            strategy = "none" if world == 1 else "fsdp" if os.environ.get("ACCELERATE_USE_FSDP") == "true" else "ddp"
-        if strategy not in STRATEGIES:
-            raise SwiftKVError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
-        if world > 1 and strategy == "none":
-            raise SwiftKVError(f"--strategy none runs one process, but the launcher started {world}; use ddp or fsdp")
+        strategy = cls.check_launch(strategy, expect_processes)
         if world == 1 and strategy != "none":
             logger.info("--strategy %s in one process: nothing to split, running it as one process", strategy)
             strategy = "none"
@@ -78,6 +67,30 @@ class Parallel:
         if world > 1:
             _one_line_on_sigterm(rank, world)
         return cls(rank, world, device, strategy)
+
+    @staticmethod
+    def check_launch(strategy: str | None = None, expect_processes: int | None = None,
+                     batch_size: int | None = None) -> str:
+        """The strategy to run (default: ddp for more than one process, none for one; fsdp under an accelerate FSDP
+        config); one line if the launcher started another number of processes than asked, the strategy does not fit
+        the process count or the global batch does not split over the processes. Needs no process group (the CLI
+        calls it before loading anything)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        expect = expect_processes or int(os.environ.get("SWIFTKV_EXPECT_WORLD_SIZE", "0") or 0) or None
+        if expect is not None and expect != world:
+            raise SwiftKVError(
+                f"asked for {expect} processes but the launcher started {world}; launch with torchrun "
+                f"--nproc_per_node {expect}, or accelerate launch --multi_gpu --num_processes {expect} (also on a "
+                f"CPU-only machine: accelerate's --cpu starts one process)")
+        if strategy is None:  # an accelerate FSDP config (config/accelerate/fsdp.yaml) asks for fsdp
+            strategy = "none" if world == 1 else "fsdp" if os.environ.get("ACCELERATE_USE_FSDP") == "true" else "ddp"
+        if strategy not in STRATEGIES:
+            raise SwiftKVError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+        if world > 1 and strategy == "none":
+            raise SwiftKVError(f"--strategy none runs one process, but the launcher started {world}; use ddp or fsdp")
+        if batch_size is not None:
+            Parallel(world=world).check_batch_size(batch_size)
+        return strategy
 
     # -- collectives (no-ops in one process) --------------------------------------------------------------------
 
