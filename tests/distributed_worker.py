@@ -2,7 +2,7 @@
 
 ``python -m tests.distributed_worker SPECS`` with SPECS a JSON list of runs, done one after the other in the same
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
-fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``,
+fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``, ``teacher_cache``,
 ``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked). Errors are reported the
 way the CLI reports them (one line, exit status 1 or 2)."""
 
@@ -43,9 +43,11 @@ def run(spec: dict) -> int:
         DivergenceGuard.check_step = dying
     try:
         with one_line_rank_failures():
+            cached = spec.get("teacher_cache")  # the data and the teacher's side come from it
             train(tiny_base(num_hidden_layers=4), tiny_tokenizer(), DistillSettings(**spec["settings"]),
-                  spec["output"], train_conversations=tiny_conversations(120),
-                  heldout_conversations=tiny_conversations(15, 1, "h"), progress=False, mixed_precision="no",
+                  spec["output"], train_conversations=None if cached else tiny_conversations(120),
+                  heldout_conversations=None if cached else tiny_conversations(15, 1, "h"), teacher_cache=cached,
+                  progress=False, mixed_precision="no",
                   strategy=spec.get("strategy"), processes=spec.get("processes"), resume=spec.get("resume", False),
                   interrupt_after=spec.get("interrupt_after"),
                   gradient_checkpointing=spec.get("gradient_checkpointing", False))

@@ -25,6 +25,8 @@ from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 SETTINGS = {"num_key_value_layers": 1, "tokens": 1500, "max_length": 96, "heldout_tokens": 200, "batch_size": 2, "lr": 3e-3,
                 "checkpoint_every": 2, "eval_every": 3}
 WSD = dict(SETTINGS, schedule="wsd", read_budgets=[600, 1500])
+FULL = dict(SETTINGS, tokens=600, scope="full", loss="kl+hidden")  # FSDP units for trained parts of layers >= l
+CACHED = SETTINGS  # with the teacher cache of tests/test_teacher_cache.py (built for these settings)
 ODD = dict(SETTINGS, batch_size=4, tokens=1200)  # the last global batch is short: one rank gets no row
 
 
@@ -78,8 +80,14 @@ def assert_same_student(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """The 2-rank runs (one launch) and their outputs' folder."""
+    from tests.test_teacher_cache import build
+
     root = tmp_path_factory.mktemp("ranks")
+    build(root / "teacher-cache")
     specs = [
+        {"output": str(root / "full"), "strategy": "fsdp", "settings": FULL},
+        {"output": str(root / "cached"), "strategy": "fsdp", "settings": CACHED,
+         "teacher_cache": str(root / "teacher-cache")},
         {"output": str(root / "ddp"), "strategy": "ddp", "settings": SETTINGS},
         {"output": str(root / "fsdp"), "strategy": "fsdp", "settings": SETTINGS},
         {"output": str(root / "fsdp-odd"), "strategy": "fsdp", "settings": ODD, "gradient_checkpointing": True},
@@ -112,6 +120,30 @@ def test_two_ranks_train_the_one_process_student(two_ranks, single, strategy):
     s = summary(two_ranks / strategy)
     assert (s["processes"], s["strategy"]) == (2, strategy)
     assert not (two_ranks / f"{strategy}.ckpt").exists()  # checkpoints and the packed rows removed at the end
+
+
+@pytest.mark.slow
+def test_fsdp_trains_scope_full_with_kl_plus_hidden_as_one_process(two_ranks, tmp_path):
+    one_process(tmp_path / "one", FULL)
+    wa, wb = weights(tmp_path / "one"), weights(two_ranks / "full")
+    changed = [k for k in wa if not torch.equal(wa[k], tiny_reference()[k])]
+    assert any("mlp" in k for k in changed)  # really scope full: layers >= l trained
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=2e-6)
+
+
+def tiny_reference() -> dict:
+    from swiftkv import convert_to_swiftkv
+
+    return {k: v.detach() for k, v in convert_to_swiftkv(tiny_base(num_hidden_layers=4), 1).state_dict().items()}
+
+
+@pytest.mark.slow
+def test_fsdp_with_a_teacher_cache_trains_the_one_process_student(two_ranks, tmp_path):
+    from tests.test_teacher_cache import run
+
+    run(tmp_path, "one", cache=two_ranks / "teacher-cache")  # its defaults are SETTINGS
+    assert_same_student(tmp_path / "one", two_ranks / "cached")
 
 
 @pytest.mark.slow
