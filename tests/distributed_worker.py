@@ -3,7 +3,8 @@
 ``python -m tests.distributed_worker SPECS`` with SPECS a JSON list of runs, done one after the other in the same
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
 fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``, ``teacher_cache``,
-``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked). Errors are reported the
+``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked), ``poison`` ([rank, step]: a NaN
+in that rank's shard of a trainable weight before the weight check at that step). Errors are reported the
 way the CLI reports them (one line, exit status 1 or 2)."""
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ def run(spec: dict) -> int:
             return check_step(self, step, loss, grad_norm)
 
         DivergenceGuard.check_step = dying
+    if spec.get("poison") and int(os.environ["RANK"]) == spec["poison"][0]:
+        from swiftkv.distill.parallel import local_tensor
+
+        check_weights = DivergenceGuard.check_weights
+
+        def poisoned(self, step, params, checkpoint=False):
+            if step == spec["poison"][1]:  # a NaN in this rank's shard only
+                with torch.no_grad():
+                    local_tensor(params[0]).view(-1)[0] = float("nan")
+            return check_weights(self, step, params, checkpoint)
+
+        DivergenceGuard.check_weights = poisoned
     try:
         with one_line_rank_failures():
             cached = spec.get("teacher_cache")  # the data and the teacher's side come from it

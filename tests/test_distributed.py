@@ -215,6 +215,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
+def test_a_nan_in_one_ranks_shard_stops_every_rank_and_saves_nothing(tmp_path):
+    """The divergence guard checks each rank's FSDP shard and the ranks agree: a NaN that only rank 1 holds stops
+    rank 0 too (no rank left waiting in a collective), each with the guard's one line; no checkpoint, no output."""
+    done = launch([{"output": str(tmp_path / "out"), "strategy": "fsdp", "settings": SETTINGS, "poison": [1, 2]}])
+    assert done.returncode != 0
+    ours = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 2, done.stderr[-3000:]  # one per rank
+    assert all(line.startswith("error: training diverged at step 2: a trainable weight is not finite") for line in ours)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.ckpt" / "checkpoint.pt").exists()
+
+
 # -- refusals, in one process -------------------------------------------------------------------------------------
 
 
