@@ -112,3 +112,18 @@ def test_distill_threads_per_job(tmp_path):
     assert _distill_threads(str(tmp_path / "side.yaml"), cores=4) == {"1"}
     (tmp_path / "many.yaml").write_text("distill:\n  threads_per_job: 16\n")
     assert _distill_threads(str(tmp_path / "many.yaml"), cores=4) == {"4"}
+
+
+def test_the_paper_profile_sets_the_process_count_the_launcher_and_the_trainer_check():
+    """config/paper.yaml: the distillation job's GPUs (resources.distill.gpu, 8 without a profile that caps them)
+    reach accelerate's --num_processes and distill's --processes (which refuses a launcher that started fewer);
+    --batch-size is the global batch (one row per GPU); no --strategy, so swiftkv distill's default (ddp)."""
+    cmd = [sys.executable, "-m", "snakemake", "results/distill/summary.csv", "-n", "-p", "--nolock", "--forceall",
+           "--cores", "4", "--configfile", "config/paper.yaml"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if " distill " in line and "--name " in line]
+    assert lines
+    for line in lines:
+        assert "accelerate launch --config_file config/accelerate/paper.yaml --num_processes 8 -m swiftkv.cli" in line
+        assert "--batch-size 8 " in line and "--processes 8" in line and "--strategy" not in line

@@ -161,6 +161,42 @@ def cmd_bench_distill(args) -> None:
           f"paths: {result['loss_max_abs_diff']:.2e}")
 
 
+def cmd_bench_distill_memory(args) -> None:
+    from swiftkv.bench.distill_memory import LLAMA_3_2_1B, Case, bench_distill_memory, default_cases
+    from swiftkv.io import write_json
+
+    cases = default_cases(args.length)
+    if args.cases:
+        known = {c.name: c for c in cases}
+        unknown = sorted(set(args.cases) - set(known))
+        if unknown:
+            raise SwiftKVError(f"unknown case(s) {', '.join(unknown)}; use some of {', '.join(known)}")
+        cases = [known[n] for n in args.cases]
+    if args.shape:
+        import json
+
+        shape = {**LLAMA_3_2_1B, **json.loads(args.shape)}
+        cases = [Case(c.strategy, c.processes, c.dtype, c.checkpointing, c.rows, c.length, shape) for c in cases]
+    result = bench_distill_memory(cases, progress=lambda m: print(m, flush=True))
+    from swiftkv import io
+
+    result["command"] = io.COMMAND
+    write_json(args.output, result, overwrite=args.overwrite)
+    gib = 2 ** 30
+    print(f"peak resident memory per rank (ru_maxrss, max over ranks), {result['cpu']}:")
+    for r in result["results"]:
+        print(f"{r['case']:>24}: {r['peak_bytes_max_rank'] / gib:6.2f} GiB  "
+              f"({r['peak_minus_baseline_bytes_max_rank'] / gib:.2f} GiB above the {r['ranks'][0]['baseline_bytes'] / gib:.2f} GiB after imports; predicted "
+              f"{r['predicted_bytes']['total'] / gib:.2f} GiB)")
+    for k, v in result["ratios"].items():
+        if v is not None:
+            print(f"{k}: {v:.2f}")
+    print("predicted per GPU at the paper's settings (rows of 8192 tokens, one per GPU, bf16 frozen weights, 8 GPUs):")
+    for r in result["paper_predictions"]:
+        print(f"{r['model']:>14} {r['strategy']:>4}{' +ckpt' if r['checkpointing'] else '      '}: "
+              f"{r['per_gpu_gb']:6.1f} GB/GPU on 8; fewest 80 GB GPUs: {r['fewest_80gb_gpus'] or 'more than 64'}")
+
+
 def cmd_bench_serve(args) -> None:
     from swiftkv.bench.serving.run import ServeRequest, bench_serve
 
@@ -281,6 +317,20 @@ def add_parsers(bench) -> None:
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill, output_kind="file")
 
+
+    p = bench.add_parser("distill-memory", help="peak memory per rank of a distillation step: 1 process, DDP, FSDP",
+                         description="Runs one distillation step (SwiftKV-50, partial scope) of a random-weight model "
+                         "of Llama-3.2-1B's shape (no download) in fresh processes per case: one process, DDP and FSDP2 "
+                         "on 2 ranks (torchrun, gloo on CPU), each with fp32 frozen weights, and with bf16 frozen "
+                         "weights plus gradient checkpointing. Peak resident memory per rank is "
+                         "resource.getrusage(RUSAGE_SELF).ru_maxrss. Also prints the same accounting's prediction per "
+                         "GPU for Llama-3.1-8B and 70B at the paper's settings, and how many 80 GB GPUs each needs.",
+                         formatter_class=DefaultsFormatter)
+    p.add_argument("--length", type=positive_int, default=32, help="tokens per row (one row per rank)")
+    p.add_argument("--cases", nargs="+", help="only these cases (e.g. none-1-float32 fsdp-2-float32)")
+    p.add_argument("--shape", help="JSON dict overriding the model shape (e.g. a smaller one for a quick check)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_distill_memory, output_kind="file")
 
     p = bench.add_parser("vllm", help="vLLM throughput of a base model vs SwiftKV checkpoints (plugin), same run",
                          description="Runs vLLM's own `vllm bench throughput` (random prompts, fixed lengths) in the "

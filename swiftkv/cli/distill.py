@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 
 from swiftkv.cli.options import add_model_args, non_negative_int, number, positive_int, resolve_dtype
-from swiftkv.errors import SwiftKVError
+from swiftkv.errors import RunFailed, SwiftKVError
 
 
 def _eval_every(text: str) -> int:
@@ -61,6 +63,28 @@ def distill_settings(args):
     return settings
 
 
+@contextlib.contextmanager
+def one_line_rank_failures():
+    """Under a launcher, a collective that fails because another rank died (killed, out of memory) is one line
+    naming this rank, not a traceback from inside torch.distributed; the launcher's report names the dead one."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    except (dist.DistError, RuntimeError) as err:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        lost = isinstance(err, dist.DistError) or any(
+            word in str(err) for word in ("gloo", "Gloo", "NCCL", "Connection", "connection", "closed by peer"))
+        if world == 1 or not lost:
+            raise
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's stop must not cut this line short
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunFailed(f"rank {os.environ.get('RANK', '?')} of {world} stopped: another rank of the run failed or was "
+                        f"killed (the launcher's report names it); nothing was saved as a result ({first[:160]})") from None
+
+
 def cmd_distill(args) -> None:
     import torch
 
@@ -71,8 +95,10 @@ def cmd_distill(args) -> None:
 
     from swiftkv.data.conversations import load_conversations, split_conversations
     from swiftkv.distill import train
+    from swiftkv.distill.parallel import Parallel
     from swiftkv.loading import check_student_shape, load_model
 
+    Parallel.check_launch(args.strategy, args.processes, settings.batch_size)  # before any loading
     check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
                         settings.key_value_heads)
     cache = None
@@ -86,13 +112,21 @@ def cmd_distill(args) -> None:
         conversations, source_report = load_conversations(settings.data)
         train_convs, heldout_convs = split_conversations(conversations)
         source = asdict(source_report)
-    summary = train(base, tokenizer, settings, args.output, train_conversations=train_convs,
-                    heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
-                    checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
-                    mixed_precision=args.mixed_precision, progress=not args.no_progress,
-                    extra_summary={"variant": args.name or args.variant, "source_report": source},
-                    overwrite=args.overwrite,
-                    teacher_cache=cache, save_at=dict(args.save_at or []), log_only=args.log_only)
+    with one_line_rank_failures():
+        summary = train(base, tokenizer, settings, args.output, train_conversations=train_convs,
+                        heldout_conversations=heldout_convs, model_name=args.model_id or args.model,
+                        checkpoint_dir=args.checkpoint_dir, resume=args.resume, cpu=True if args.cpu else None,
+                        mixed_precision=args.mixed_precision, progress=not args.no_progress,
+                        extra_summary={"variant": args.name or args.variant, "source_report": source},
+                        overwrite=args.overwrite, teacher_cache=cache, save_at=dict(args.save_at or []),
+                        log_only=args.log_only, strategy=args.strategy, processes=args.processes,
+                        gradient_checkpointing=args.gradient_checkpointing)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 reports
+        return
     init, final = summary["heldout_initial"], summary["heldout_final"]
     if init and final:
         print(f"held-out KL {init['heldout_kl']:.4f} -> {final['heldout_kl']:.4f} nats/token "
@@ -154,7 +188,8 @@ def add_parsers(sub) -> None:
     g.add_argument("--tokens", type=non_negative_int, help="training token budget per epoch, 0 = all the data (default 100000)")
     g.add_argument("--epochs", type=positive_int, help="passes over the budget's packs (default 1; the paper: 2)")
     g.add_argument("--max-length", type=positive_int, help="tokens per packed row (default 2048)")
-    g.add_argument("--batch-size", type=positive_int, help="packed rows per step and process (default 1)")
+    g.add_argument("--batch-size", type=positive_int, help="packed rows per optimizer step over all processes (the "
+                   "global batch; a multiple of the process count; default 1)")
     g.add_argument("--lr", type=number(0, low_open=True), help="AdamW learning rate (default 3e-4)")
     g.add_argument("--weight-decay", type=number(0), help="AdamW weight decay (default 0.05)")
     g.add_argument("--warmup-ratio", type=number(0, 1, high_open=True), help="linear warm-up share of the steps, then cosine (default 0.05)")
@@ -187,6 +222,15 @@ def add_parsers(sub) -> None:
     g.add_argument("--teacher-cache", help="a teacher cache (swiftkv teacher-cache) for these settings: the teacher's "
                    "side and the packed data come from it, so a step runs only the student's layers >= l")
     g.add_argument("--cpu", action="store_true", help="train on the CPU even if a GPU is present")
+    g.add_argument("--strategy", choices=["none", "ddp", "fsdp"],
+                   help="how processes split the work (docs/distributed.md): ddp (default for more than one process: "
+                   "every rank holds the model), fsdp (PyTorch FSDP2: weights sharded over the ranks), none (one "
+                   "process)")
+    g.add_argument("--processes", type=positive_int,
+                   help="refuse to run unless the launcher started this many processes (also "
+                   "$SWIFTKV_EXPECT_WORLD_SIZE): catches a launcher that silently starts fewer")
+    g.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute the student's layers >= l in backward instead of keeping their activations")
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="autocast (default: bf16 where the hardware is fast at it, else none)")
     g.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")

@@ -44,7 +44,7 @@ class HeldOut:
         total: dict[str, float] = {}
         rows = []
         for state, boundary, mask, teacher, labels in self.items:
-            student, _ = self.pair.student_upper(state, boundary)
+            student = self.pair(None, None, boundary, state=state).student  # through forward: FSDP gathers there
             sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
             rows.append({k: sums[k] for k in ("kl_sum", "top1_sum", "positions")})
             for k, v in sums.items():

@@ -34,8 +34,12 @@ def _finite(value) -> bool:
 class DivergenceGuard:
     """Checks of one run (``settings``: its ``DistillSettings``; ``checkpoint_dir``: where its checkpoints go)."""
 
-    def __init__(self, settings, checkpoint_dir: str | Path, mixed_precision: str = "no", start_step: int = 0):
+    def __init__(self, settings, checkpoint_dir: str | Path, mixed_precision: str = "no", start_step: int = 0,
+                 agree=None):
         self.settings = settings
+        # agree(flag) -> whether flag holds on every rank (swiftkv.distill.parallel.Parallel.all_true): a weight check
+        # sees only this rank's shard under FSDP, and every rank must stop or none
+        self.agree = agree or (lambda flag: flag)
         self.checkpoint_dir = Path(checkpoint_dir)
         self.mixed_precision = mixed_precision
         self.start_step = start_step  # steps already done (a resumed run)
@@ -79,7 +83,9 @@ class DivergenceGuard:
 
     def check_weights(self, step: int, params, checkpoint: bool = False) -> None:
         """Before a checkpoint (``checkpoint``) or the final save: every trainable weight must be finite."""
-        if not all(bool(torch.isfinite(p.detach()).all()) for p in params):
+        from swiftkv.distill.parallel import local_tensor
+
+        if not self.agree(all(bool(torch.isfinite(local_tensor(p.detach())).all()) for p in params)):
             self._fail(step, "a trainable weight", None)
         if checkpoint:
             self.saved_step = step

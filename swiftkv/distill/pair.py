@@ -44,9 +44,14 @@ class DistillModel(nn.Module):
         return self.model.model
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, boundary: torch.Tensor | None = None,
-                teacher: torch.Tensor | None = None, teacher_pre_last: torch.Tensor | None = None) -> DistillOutput:
+                teacher: torch.Tensor | None = None, teacher_pre_last: torch.Tensor | None = None,
+                state=None) -> DistillOutput:
         """Both models on a batch; with ``boundary`` (h_l) and ``teacher`` from a teacher cache only the student's
-        layers >= l run (the masks and rotary embeddings still come from the batch's position ids)."""
+        layers >= l run (the masks and rotary embeddings still come from the batch's position ids); with a prepared
+        ``state`` and ``boundary`` (the held-out sample) only the student's layers >= l, nothing else."""
+        if state is not None:
+            student, student_pre = self.student_upper(state, boundary)
+            return DistillOutput(student, teacher, student_pre, teacher_pre_last)
         if boundary is None:
             state, boundary = self.prefix(input_ids, position_ids)
             return self.upper(state, boundary)
@@ -100,21 +105,26 @@ class DistillModel(nn.Module):
         return inner.norm(hidden), captured.get("h")
 
 
-def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: DistillSettings) -> torch.Tensor:
+def compute_loss(out: DistillOutput, batch: dict, head: nn.Module, settings: DistillSettings,
+                 counted: torch.Tensor | None = None) -> torch.Tensor:
     """Mean loss per counted position: every real token for kl / kl+hidden, tokens with a next token for lm.
 
     ``loss_positions="assistant"`` (Snowflake's current recipe) sums the KL (or cross-entropy) over assistant tokens
-    only and still divides by every counted position; the hidden-state MSE stays over every position."""
+    only and still divides by every counted position; the hidden-state MSE stays over every position.
+    ``counted``: the divisor (one rank's share of a global batch: the global batch's counted positions)."""
     every = batch["labels"] >= 0 if settings.loss == "lm" else batch["loss_mask"]
-    n = every.sum().clamp(min=1)
+    n = every.sum().clamp(min=1) if counted is None else counted
     sel = every & batch["assistant_mask"] if settings.loss_positions == "assistant" else every
     if settings.loss == "lm":
         return lm_cross_entropy(out.student[sel], batch["labels"][sel], head, settings.chunk_size) / n
     loss = distill_kl(out.student[sel], out.teacher[sel], head, settings.temperature, settings.chunk_size) / n
     if settings.loss == "kl+hidden" and out.student_pre_last is not None:
-        loss = loss + settings.hidden_weight * F.mse_loss(
-            out.student_pre_last[every].float(), out.teacher_pre_last[every].float()
-        )
+        s, t = out.student_pre_last[every].float(), out.teacher_pre_last[every].float()
+        if counted is None:
+            mse = F.mse_loss(s, t)
+        else:  # a share of the global batch's mean
+            mse = F.mse_loss(s, t, reduction="sum") / (counted * s.shape[-1])
+        loss = loss + settings.hidden_weight * mse
     return loss
 
 

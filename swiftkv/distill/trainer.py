@@ -44,16 +44,26 @@ class RunLog:
             f.write(json.dumps(record) + "\n")
 
 
-def save_checkpoint(path: Path, pair: DistillModel, optimizer, scheduler, state: dict) -> None:
-    """Trainable weights, optimizer and scheduler state, progress; written atomically."""
-    from swiftkv.io import atomic_path
+def gather_checkpoint(pair: DistillModel, optimizer, scheduler, state: dict) -> dict:
+    """Trainable weights, optimizer and scheduler state, progress, as whole tensors on the CPU (under FSDP the
+    shards are gathered: every rank must call it)."""
+    from swiftkv.distill.parallel import full_tensor
 
-    payload = {
-        "trainable": {n: p.detach().cpu() for n, p in trainable_parameters(pair).items()},
-        "optimizer": optimizer.state_dict(),
+    opt = optimizer.state_dict()
+    opt = {**opt, "state": {i: {k: full_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                            for i, st in opt["state"].items()}}
+    return {
+        "trainable": {n: full_tensor(p) for n, p in trainable_parameters(pair).items()},
+        "optimizer": opt,
         "scheduler": scheduler.state_dict(),
         **state,
     }
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """``gather_checkpoint``'s payload, written atomically."""
+    from swiftkv.io import atomic_path
+
     with atomic_path(path, overwrite=True) as tmp:  # our own scratch file in our checkpoint directory
         torch.save(payload, tmp)
 
@@ -68,8 +78,55 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
     return payload
 
 
+def restore_checkpoint(pair: DistillModel, optimizer, scheduler, payload: dict) -> None:
+    """Load a checkpoint's whole tensors into the (possibly sharded) trainable weights and optimizer state."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    def place(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        if isinstance(like, DTensor) and value.dim() > 0:
+            return distribute_tensor(value.to(like.dtype), like.device_mesh, like.placements)
+        return value
+
+    params = trainable_parameters(pair)
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(place(payload["trainable"][name], p))
+    opt = payload["optimizer"]
+    order = [p for group in optimizer.param_groups for p in group["params"]]
+    optimizer.load_state_dict({**opt, "state": {i: {k: place(v, order[i]) if isinstance(v, torch.Tensor) else v
+                                                    for k, v in st.items()} for i, st in opt["state"].items()}})
+    scheduler.load_state_dict(payload["scheduler"])
+
+
 class Interrupted(RuntimeError):
     """Raised by ``interrupt_after`` (tests of --resume: a run killed after some step)."""
+
+
+def gather_model(pair: DistillModel, par) -> torch.nn.Module | None:
+    """The whole student on rank 0 (None elsewhere). Unsharded: the model itself; under FSDP every rank gathers
+    each parameter and rank 0 builds an unsharded copy."""
+    from torch.distributed.tensor import DTensor
+
+    from swiftkv.distill.parallel import full_tensor
+
+    model = pair.model
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return model if par.main else None
+    state = {n: full_tensor(p) for n, p in model.named_parameters()}
+    if not par.main:
+        return None
+    with torch.device("meta"):
+        whole = type(model)(copy.deepcopy(model.config))
+    whole.load_state_dict(state, strict=False, assign=True)
+    whole.tie_weights()  # tied embeddings: one parameter, gathered once
+    for name, buf in model.named_buffers():  # not sharded (rotary frequencies): the same tensors
+        owner, _, leaf = name.rpartition(".")
+        whole.get_submodule(owner)._buffers[leaf] = buf.detach().cpu().clone()
+    for name, p in whole.named_parameters():
+        if p.is_meta:
+            raise RuntimeError(f"gathering the sharded student left {name} unset")
+    whole.train(False)
+    return whole
 
 
 def _auto_every(total: int, times: int) -> int:
@@ -139,6 +196,9 @@ def train(
     teacher_cache=None,
     save_at: dict[int, str | os.PathLike] | None = None,
     log_only: bool = False,
+    strategy: str | None = None,
+    processes: int | None = None,
+    gradient_checkpointing: bool = False,
 ) -> dict:
     """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary.
     ``log_only``: ``output`` gets the run's summary and training log without the student's weights (a run that is
@@ -149,14 +209,20 @@ def train(
 
     With ``settings.schedule == "wsd"`` every budget of ``settings.read_budgets`` is read along the way (held-out KL
     and top-1 per held-out row in the log's ``budget`` events and the summary's ``budget_reads``); ``output`` gets
-    the largest budget's student and ``save_at`` {budget: directory} the students of other budgets."""
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader
+    the largest budget's student and ``save_at`` {budget: directory} the students of other budgets.
+
+    Under a launcher (torchrun, ``accelerate launch``) each process calls ``train`` with the same arguments;
+    ``strategy`` (none, ddp, fsdp; default ddp for more than one process) says how the model is split
+    (``swiftkv.distill.parallel``), ``processes`` how many processes the launcher must have started.
+    ``settings.batch_size`` is the global batch, so the trained weights do not depend on the rank count. Only rank 0
+    writes files. ``gradient_checkpointing``: the student's layers >= l recompute their activations in backward."""
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
     from swiftkv.data.packing import collate_packs
     from swiftkv.device import fast_dtype
+    from swiftkv.distill.packed_file import PackedRows, remove_packed, write_packed
+    from swiftkv.distill.parallel import Parallel, clip_grad_norm, enable_checkpointing, keep_trainable_fp32
     from swiftkv.distill.teacher_cache import cached_batch
     from swiftkv.io import MARKER, atomic_dir, check_output_dir, mark_dir, remove_own_files
     from swiftkv.models.cache import expected_cache_bytes
@@ -175,22 +241,46 @@ def train(
     fingerprint = settings.fingerprint(model_name)
     if cpu is None:
         cpu = not torch.cuda.is_available()
+    frozen = {p.dtype for p in base_model.parameters()} - {torch.float32}  # --dtype: how the frozen weights are held
     if mixed_precision is None:
-        mixed_precision = "bf16" if fast_dtype("cpu" if cpu else "cuda") == torch.bfloat16 else "no"
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision)
-    main = accelerator.is_main_process
+        fast = fast_dtype("cpu" if cpu else "cuda") == torch.bfloat16
+        mixed_precision = ("bf16" if frozen == {torch.bfloat16} or fast
+                           else "fp16" if frozen == {torch.float16} else "no")
+    elif frozen and mixed_precision == "no":
+        held = min(map(str, frozen)).removeprefix("torch.")
+        raise SwiftKVError(f"the frozen weights are {held} (--dtype) while the trainable ones stay fp32: they meet only "
+                           "under autocast; use --mixed-precision bf16 (or --dtype float32)")
+    par = Parallel.start(strategy, cpu=cpu, expect_processes=processes)
+    par.check_batch_size(settings.batch_size)
+    main = par.main
     torch.manual_seed(settings.seed)
 
     student = build_student(base_model, settings)
+    keep_trainable_fp32(student)
     cache = _open_cache(teacher_cache, student, settings)
     pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden",
-                        teacher_cached=cache is not None).to(accelerator.device)
+                        teacher_cached=cache is not None).to(par.device)
+    if gradient_checkpointing:
+        enable_checkpointing(student, settings.num_key_value_layers)
+    raw = pair
     params = list(trainable_parameters(pair).values())
     n_trainable = sum(p.numel() for p in params)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    train_items, heldout_items, data_report = prepare_data(
-        tokenizer, settings, train_conversations, heldout_conversations, cache
-    )
+    packed = ckpt_dir / f"packed-{fingerprint}"  # N ranks without a teacher cache: the packed rows, memory-mapped
+    if cache is not None or par.world == 1:  # a teacher cache holds the packed stream: every rank reads it
+        train_items, heldout_items, data_report = prepare_data(tokenizer, settings, train_conversations,
+                                                               heldout_conversations, cache)
+    else:  # tokenised and packed once, by rank 0, into a file every rank maps
+        small = None
+        if main:
+            items, heldout_items, data_report = prepare_data(tokenizer, settings, train_conversations,
+                                                             heldout_conversations)
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            write_packed(packed, [p for p, _ in items])
+            small = (heldout_items, data_report)
+            del items
+        heldout_items, data_report = par.broadcast_object(small)  # after rank 0 wrote the file
+        train_items = PackedRows(packed)
     logger.info("data: %s", data_report)
     dtype = next(student.parameters()).dtype
     pre_last = student.config.num_hidden_layers - 1 if settings.loss == "kl+hidden" else None
@@ -204,19 +294,30 @@ def train(
 
         return collate
 
-    heldout_batches = [
-        {k: v.to(accelerator.device) for k, v in collate_with("heldout")([item]).items()} for item in heldout_items
-    ]
-    heldout = HeldOut(pair, heldout_batches, settings.chunk_size)
+    def step_batch(j: int) -> dict:
+        """This rank's rows of global batch ``j`` (a rank left without rows runs one whose positions all count 0)."""
+        rows = train_items[j * bs:(j + 1) * bs]
+        mine = par.local_rows(rows)
+        batch = collate_with("train")(mine or rows[:1])
+        if not mine:
+            batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+            batch["labels"] = torch.full_like(batch["labels"], -100)
+        return {k: v.to(par.device) for k, v in batch.items()}
 
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay) if params else None
-    loader = DataLoader(train_items, batch_size=settings.batch_size, shuffle=False, collate_fn=collate_with("train"))
+    heldout_batches = [
+        {k: v.to(par.device) for k, v in collate_with("heldout")([item]).items()} for item in heldout_items
+    ]
+    heldout = HeldOut(pair, heldout_batches, settings.chunk_size)  # before sharding: its fixed part is computed here
+
+    bs = settings.batch_size
+    n_batches = math.ceil(len(train_items) / bs)
     if settings.train:
-        pair, optimizer, loader = accelerator.prepare(pair, optimizer, loader)
-    total_steps = len(loader) if settings.train else 0
+        pair = par.wrap(pair)
+        params = list(trainable_parameters(raw).values())  # FSDP replaced them with their shards
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay) if params else None
+    total_steps = n_batches if settings.train else 0
     scheduler, plan = None, []
     if settings.train and settings.schedule == "wsd":
-        bs = settings.batch_size
         plan = wsd_plan(settings, [sum(len(p) for p, _ in train_items[i:i + bs])
                                    for i in range(0, len(train_items), bs)])
         total_steps = plan[-1].branch_at  # the stable run; the last branch ends the run
@@ -226,7 +327,6 @@ def train(
         scheduler = get_cosine_schedule_with_warmup(
             optimizer, math.ceil(settings.warmup_ratio * total_steps), total_steps
         )
-    raw = accelerator.unwrap_model(pair)
     eval_every = settings.eval_every or _auto_every(total_steps, 5)
     if eval_every < 0:  # only the evaluations before and after training
         eval_every = total_steps + 1
@@ -243,18 +343,24 @@ def train(
         if payload is None:  # a fresh start: a stale checkpoint must not be resumed with this run's log later
             (ckpt_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
     if payload is not None:
-        with torch.no_grad():
-            for name, p in trainable_parameters(raw).items():
-                p.copy_(payload["trainable"][name])
-        optimizer.load_state_dict(payload["optimizer"])
-        scheduler.load_state_dict(payload["scheduler"])
+        restore_checkpoint(raw, optimizer, scheduler, payload)
         start_step, tokens_seen, train_seconds = payload["step"], payload["tokens"], payload["train_seconds"]
         logger.info("resuming from %s at step %d/%d", ckpt_dir, start_step, total_steps)
     log = RunLog(ckpt_dir / LOG_FILE, keep_until_step=start_step if payload is not None else None, enabled=main)
-    guard = DivergenceGuard(settings, ckpt_dir, mixed_precision, start_step)  # a non-finite number stops the run
+    guard = DivergenceGuard(settings, ckpt_dir, mixed_precision, start_step,  # a non-finite number stops the run
+                            agree=par.all_true)
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+    scaler = torch.amp.GradScaler(par.device.type) if mixed_precision == "fp16" else None
+
+    def autocast(evaluation: bool = False):
+        """Training steps run under the run's autocast; evaluations only where they must (frozen weights held in
+        another dtype than the fp32 trainable ones), so an fp32 model's held-out numbers stay fp32."""
+        on = autocast_dtype is not None and (not evaluation or bool(frozen))
+        return torch.autocast(par.device.type, dtype=autocast_dtype, enabled=on)
 
     def evaluate(step: int) -> dict:
-        metrics = heldout.evaluate()
+        with autocast(evaluation=True):
+            metrics = heldout.evaluate()
         guard.check_eval(step, metrics)
         if metrics:
             log.write({"event": "eval", "step": step, "tokens": tokens_seen, **metrics})
@@ -263,7 +369,6 @@ def train(
     initial = evaluate(0) if start_step == 0 else None
     head = raw.model.get_output_embeddings()
     bar = tqdm(total=total_steps, initial=start_step, desc="distill", unit="step", disable=not (progress and main))
-    data_iter = accelerator.skip_first_batches(loader, start_step) if start_step else loader
     step = start_step
 
     def train_step(batch: dict, lr: float | None = None, at: int = 0) -> tuple[float, int, float, float]:
@@ -272,23 +377,41 @@ def train(
         if lr is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lr
-        out = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
-                   batch.get("teacher_pre_last"))
-        with accelerator.autocast():
-            loss = compute_loss(out, batch, head, settings)
-        accelerator.backward(loss)
-        grad_norm = accelerator.clip_grad_norm_(params, settings.max_grad_norm or math.inf)  # inf: measured only
-        guard.check_step(at, loss.detach(), grad_norm)
+        counted = None  # one process: compute_loss's own count; N: the global batch's, and the loss times N
+        if par.world > 1:
+            every = batch["labels"] >= 0 if settings.loss == "lm" else batch["loss_mask"]
+            counted = par.sum(every.sum()).clamp(min=1)
+        with autocast():
+            out = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
+                       batch.get("teacher_pre_last"))
+            loss = compute_loss(out, batch, head, settings, counted)
+        if par.world > 1:  # DDP and FSDP average the ranks' gradients: each rank's share of the sum, times N
+            loss = loss * par.world
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(optimizer)
+        grad_norm = clip_grad_norm(params, settings.max_grad_norm or math.inf)  # inf: measured only
+        loss_value = par.sum(loss.detach() / par.world) if par.world > 1 else loss.detach()
+        guard.check_step(at, loss_value, grad_norm)
         used = optimizer.param_groups[0]["lr"]  # the rate this step uses
-        optimizer.step()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         if lr is None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        n_tokens = int(accelerator.reduce(batch["loss_mask"].sum(), "sum"))
-        return float(accelerator.reduce(loss.detach(), "mean")), n_tokens, time.perf_counter() - t0, used
+        n_tokens = int(par.sum(batch["loss_mask"].sum()))
+        return float(loss_value), n_tokens, time.perf_counter() - t0, used
 
     # budgets a resumed run already read (their records survive in the log up to the checkpoint's step)
-    done_reads = {r["budget"]: r for r in log.records if r["event"] == "budget"} if main else {}
+    done_reads = par.broadcast_object({r["budget"]: r for r in log.records if r["event"] == "budget"} if main else {})
+
+    def save_student(target: Path, files: dict, overwrite: bool, what: str) -> None:
+        model = gather_model(raw, par)  # a collective under FSDP
+        if main:
+            save_model_dir(model.swiftkv(True), tokenizer, target, files=files, overwrite=overwrite, what=what)
 
     def read_budgets(at: int) -> dict | None:
         """The wsd branches that leave the stable run after ``at`` steps: decay, read, save, and (except after the
@@ -297,29 +420,27 @@ def train(
         for read in (r for r in plan if r.branch_at == at and r.budget not in done_reads):
             last = read is plan[-1]
             saved = None if last else ([p.detach().clone() for p in params], copy.deepcopy(optimizer.state_dict()))
-            decay, bs = read.steps - read.branch_at, settings.batch_size
+            decay = read.steps - read.branch_at
             for i in range(decay):
                 j = read.branch_at + i
-                batch = collate_with("train")(train_items[j * bs:(j + 1) * bs])
-                loss_value, n_tokens, dt, used = train_step({k: v.to(accelerator.device) for k, v in batch.items()},
-                                                            lr=settings.lr * (1 - i / decay), at=j + 1)
+                loss_value, n_tokens, dt, used = train_step(step_batch(j), lr=settings.lr * (1 - i / decay), at=j + 1)
                 train_seconds += dt
                 log.write({"event": "train", "branch": read.budget, "step": at, "branch_step": j + 1,
                            "loss": loss_value, "lr": used, "step_s": dt, "tok_per_s": n_tokens / dt})
             pair.eval()
-            metrics = heldout.evaluate(per_row=True)
+            with autocast(evaluation=True):
+                metrics = heldout.evaluate(per_row=True)
             guard.check_eval(at, metrics)
             pair.train()
             record = {"event": "budget", "budget": read.budget, "step": at, "steps": read.steps,
                       "tokens": read.tokens, "decay_steps": decay, **metrics}
             log.write(record)
             done_reads[read.budget] = record
-            if read.budget in save_at and main:  # staged in the checkpoint directory (a resumed run keeps it)
-                save_model_dir(raw.model.swiftkv(True), tokenizer, ckpt_dir / f"budget-{read.budget}",
-                               files={SUMMARY_FILE: json.dumps({"model": model_name, "settings": asdict(settings),
-                                                                "fingerprint": fingerprint, "read": record},
-                                                               indent=2) + "\n"},
-                               overwrite=True, what=f"distilled checkpoint at {read.budget} tokens")
+            if read.budget in save_at:  # staged in the checkpoint directory (a resumed run keeps it)
+                save_student(ckpt_dir / f"budget-{read.budget}",
+                             {SUMMARY_FILE: json.dumps({"model": model_name, "settings": asdict(settings),
+                                                        "fingerprint": fingerprint, "read": record}, indent=2) + "\n"},
+                             overwrite=True, what=f"distilled checkpoint at {read.budget} tokens")
             if saved is not None:  # back to the stable run: the optimizer's own parameters and state
                 with torch.no_grad():
                     for p, value in zip(params, saved[0], strict=True):
@@ -334,10 +455,10 @@ def train(
         pair.train()
         if plan:
             last_read = read_budgets(step)
-        for batch in data_iter:
+        for j in range(start_step, n_batches):
             if plan and step >= total_steps:
                 break
-            loss_value, n_tokens, dt, lr = train_step(batch, at=step + 1)
+            loss_value, n_tokens, dt, lr = train_step(step_batch(j), at=step + 1)
             step += 1
             tokens_seen += n_tokens
             train_seconds += dt
@@ -349,12 +470,15 @@ def train(
                 last_read = read_budgets(step) or last_read
             if step % eval_every == 0 and step < total_steps:
                 evaluate(step)
-            if step % ckpt_every == 0 and step < total_steps and main:
+            if step % ckpt_every == 0 and step < total_steps:
                 guard.check_weights(step, params, checkpoint=True)
-                save_checkpoint(ckpt_dir / CHECKPOINT_FILE, raw, optimizer, scheduler,
-                                {"fingerprint": fingerprint, "step": step, "tokens": tokens_seen,
-                                 "train_seconds": train_seconds})
-            accelerator.wait_for_everyone()
+                payload = gather_checkpoint(raw, optimizer, scheduler,
+                                            {"fingerprint": fingerprint, "step": step, "tokens": tokens_seen,
+                                             "train_seconds": train_seconds})
+                if main:
+                    save_checkpoint(ckpt_dir / CHECKPOINT_FILE, payload)
+                del payload
+            par.barrier()
             if interrupt_after is not None and step >= interrupt_after:
                 bar.close()
                 raise Interrupted(f"interrupted after step {step}")
@@ -371,6 +495,7 @@ def train(
     records = log.records if main else []
     evals = [r for r in records if r["event"] == "eval"]
     model = raw.model.swiftkv(True)
+    full = gather_model(raw, par)  # under FSDP every rank takes part; rank 0 gets the whole student
     summary = {
         "model": model_name,
         "settings": asdict(settings),
@@ -385,15 +510,18 @@ def train(
         "heldout_initial": {k: v for k, v in evals[0].items() if k.startswith("heldout")} if evals else {},
         "heldout_final": final,
         "kv_cache_bytes_per_token_fp16": expected_cache_bytes(model.config, 1, bytes_per_value=2),
-        "processes": accelerator.num_processes,
+        "processes": par.world,
+        "strategy": par.strategy,
+        "gradient_checkpointing": gradient_checkpointing,
         "mixed_precision": mixed_precision,
-        "device": str(accelerator.device),
+        "device": str(par.device),
         "teacher_cache": None if cache is None else {"path": str(cache.path), "key": asdict(cache.key),
                                                       "build": cache.build},
         **({"budget_reads": [done_reads[r.budget] for r in plan]} if plan else {}),
         **(extra_summary or {}),
     }
     if main:
+        model = full
         if mixed_precision == "bf16":
             model.to(torch.bfloat16)
         files = {SUMMARY_FILE: json.dumps(summary, indent=2) + "\n"}
@@ -410,6 +538,7 @@ def train(
                     if item.name != MARKER:
                         os.replace(item, tmp / item.name)
             remove_own_files(staged, [MARKER])
+        remove_packed(packed)
         remove_own_files(ckpt_dir, [CHECKPOINT_FILE, LOG_FILE, MARKER])
-    accelerator.wait_for_everyone()
+    par.barrier()
     return summary

@@ -166,7 +166,7 @@ def distill_budget_args(wildcards):
         "heldout-tokens": d["heldout_tokens"],
         "seed": d["seed"],
         "data": d["data"],
-        "batch-size": d["batch_size"],
+        "batch-size": d["batch_size"],  # the global batch: the same students at any process count
     }
     opts.update(d.get("overrides", {}))
     seed = getattr(wildcards, "seed", None)
@@ -219,12 +219,14 @@ def distill_launcher(wildcards, resources):
     return f"accelerate launch --config_file {cfg} --num_processes {resources.gpu} -m swiftkv.cli"
 
 
-def distill_runtime_args(wildcards):
-    """How a distillation computes, not what it learns: the profile's mixed precision and, where the profile names
-    one (config distill.strategy), the distributed strategy; nothing when it names none, so that a swiftkv distill
-    without --strategy still runs."""
+def distill_runtime_args(wildcards, resources):
+    """How a distillation computes, not what it learns: the profile's mixed precision; under a launcher with more
+    than one process, --processes (swiftkv distill refuses a launch that started another number) and, where the
+    profile names one (config distill.strategy), the strategy (else swiftkv distill's default: ddp)."""
     strategy = config["distill"].get("strategy")
-    return " ".join(x for x in (MIXED_PRECISION, f"--strategy {strategy}" if strategy else "") if x)
+    ranks = resources.gpu if config["distill"].get("accelerate_config") and resources.gpu else 1
+    return " ".join(x for x in (MIXED_PRECISION, f"--processes {ranks}" if ranks > 1 else "",
+                                f"--strategy {strategy}" if strategy else "") if x)
 
 
 def student_args(model, variant):
