@@ -68,3 +68,13 @@ def test_unknown_section_and_option_are_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == "gpu-bench: unknown section nonsense"
     proc = _gpu_bench("--fast", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.strip() == "usage: bin/gpu-bench [--smoke] [OUTDIR]"
+
+
+def test_total_time_limit_skips_what_does_not_fit(tmp_path):
+    """TOTAL_TIMEOUT bounds the whole check (8 minutes by default): a section with under 10 s left is skipped, saying
+    why, instead of starting."""
+    proc = _gpu_bench("--smoke", str(tmp_path), SECTIONS="prefill", TOTAL_TIMEOUT="5")
+    summary = json.loads((tmp_path / "sections.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert summary["prefill"] == {"status": "skipped", "seconds": 0, "detail": "no time left of TOTAL_TIMEOUT=5 s"}
+    assert not (tmp_path / "prefill.json").exists()
