@@ -95,8 +95,9 @@ def tensor_parallel_message(num_kv_heads: int, tp_size: int) -> str | None:
 
 def forces_eager(platform) -> bool:
     """Whether the plugin sets ``enforce_eager`` for a SwiftKV student on vLLM's ``platform``: everywhere but CUDA.
-    The CPU backend has no CUDA graphs and the plugin's path is verified eagerly there; on CUDA the model's forward
-    is graph-safe (no host reads of per-step sizes after the boundary) and the engine keeps its own setting."""
+    The CPU backend has no CUDA graphs and the plugin's path is verified eagerly there; on CUDA the engine keeps its
+    own setting: the model's forward reads no per-step size on the host after the boundary (rows.merge_sampled_rows),
+    which capture needs, but it has not yet run under CUDA graphs (bin/gpu-bench, section serve, checks it)."""
     return not platform.is_cuda()
 
 

@@ -134,7 +134,7 @@ def check_supported(config, family: Family, vllm_config: VllmConfig) -> None:
                            "serve it with transformers")
     tp_message = tensor_parallel_message(config.num_key_value_heads,
                                          vllm_config.parallel_config.tensor_parallel_size)
-    if l < config.num_hidden_layers and tp_message:  # the config hook stops the engine first; this is for LLM subclasses
+    if l < config.num_hidden_layers and tp_message:  # the config hook stops the engine first; this is a backstop
         raise SwiftKVError(tp_message)
     if getattr(config, "qk_norm", False):
         raise SwiftKVError(f"{family.name} checkpoints with qk_norm are not supported by the SwiftKV vLLM plugin")
