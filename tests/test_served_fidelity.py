@@ -63,3 +63,31 @@ def test_committed_table_regenerates_from_its_raw_results_and_the_readme_quotes_
     assert table.to_csv(index=False, float_format="%.6g") == (root / "reports" / "table_serving_fidelity.csv").read_text()
     committed = pd.read_csv(root / "reports" / "table_serving_fidelity.csv")
     assert serving_fidelity_markdown(committed) in (root / "reports" / "README.md").read_text()  # generated, not typed
+
+
+def test_engine_options_reach_the_vllm_command_and_the_bf16_tolerance_is_looser():
+    """Issue 32, item 7: the GPU check serves in bf16 with FlashAttention, eagerly and with CUDA graphs."""
+    from pathlib import Path
+
+    from swiftkv.bench.served_fidelity import BF16_TOLERANCE, ServedFidelitySettings, vllm_command
+
+    args = ("py", Path("m"), Path("p.json"), Path("o.json"))
+    default = vllm_command(*args, ServedFidelitySettings())
+    assert "--attention-backend" not in default and "--no-enforce-eager" not in default
+    assert default[default.index("--dtype") + 1] == "float32"
+    gpu = vllm_command(*args, ServedFidelitySettings(dtype="bfloat16", attention_backend="FLASH_ATTN",
+                                                     enforce_eager=False))
+    assert gpu[gpu.index("--attention-backend") + 1] == "FLASH_ATTN" and "--no-enforce-eager" in gpu
+    assert gpu[gpu.index("--dtype") + 1] == "bfloat16"
+    fp32 = Tolerance()
+    assert BF16_TOLERANCE.logprob_max_abs > fp32.logprob_max_abs and BF16_TOLERANCE.greedy_mean < fp32.greedy_mean
+
+
+def test_served_fidelity_cli_takes_the_engine_options():
+    from swiftkv.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "served-fidelity", "smollm2-135m", "-l", "15", "-o", "x.json",
+                                      "--engine-dtype", "bfloat16", "--attention-backend", "FLASH_ATTN",
+                                      "--cuda-graphs", "--prefill-skip", "on"])
+    assert (args.engine_dtype, args.attention_backend, args.cuda_graphs, args.prefill_skip) == \
+        ("bfloat16", "FLASH_ATTN", True, "on")

@@ -36,11 +36,90 @@ def test_entry_point_names_the_plugin():
         assert target.startswith("swiftkv.vllm_plugin.model:")
 
 
+def test_serve_extra_and_the_plugin_agree_or_say_why_not():
+    """Issue 32 (c): the ``serve`` extra pins the vLLM the plugin is built for, or a comment line right above it says
+    why not, naming that version; and the installed vLLM's version is what register() checks."""
+    from swiftkv.vllm_plugin import SUPPORTED_VLLM
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    if any(req.replace(" ", "").startswith(f"vllm=={SUPPORTED_VLLM}.") for req in extra):
+        return
+    lines = (ROOT / "pyproject.toml").read_text().splitlines()
+    above = lines[lines.index(next(line for line in lines if line.startswith("serve ="))) - 1]
+    assert above.startswith("# Why not vLLM ") and SUPPORTED_VLLM in above and "SUPPORTED_VLLM" in above, above
+    assert "vllm-26" in extra[0] and not supported_vllm("0.26.0")  # the pinned one is refused by register()
+
+
 def test_other_vllm_versions_are_named_in_one_line():
     assert supported_vllm("0.32.0") and supported_vllm("0.32.1+cpu")
     assert not supported_vllm("0.33.0") and not supported_vllm("0.26.0") and not supported_vllm("0.3")
     message = unsupported_vllm_message("0.33.0")
     assert "\n" not in message and "0.32" in message and "0.33.0" in message
+
+
+def test_merge_of_sampled_rows_ignores_the_engines_padding():
+    """The rows of the sampled tokens get the later layers' output; padding entries (the engine repeats the last
+    index) never overwrite a real row, whatever they hold; the input is not modified."""
+    from swiftkv.vllm_plugin.rows import merge_sampled_rows
+
+    stream = torch.arange(12.0).reshape(6, 2)
+    index = torch.tensor([1, 3, 4, 4, 4], dtype=torch.int32)  # 3 real entries, 2 padding
+    hidden = torch.tensor([[-1.0, -1.0], [-3.0, -3.0], [-4.0, -4.0], [99.0, 99.0], [77.0, 77.0]])
+    out = merge_sampled_rows(stream, index, hidden)
+    want = stream.clone()
+    want[[1, 3, 4]] = hidden[:3]
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(stream, torch.arange(12.0).reshape(6, 2), rtol=0, atol=0)
+    every = merge_sampled_rows(stream, torch.arange(6), -stream)  # a decode-only step: every row is sampled
+    torch.testing.assert_close(every, -stream, rtol=0, atol=0)
+
+
+def test_tensor_parallel_rule_and_cpu_binding():
+    from swiftkv.vllm_plugin import tensor_parallel_message
+    from swiftkv.vllm_plugin.generate import cpu_thread_binding
+
+    assert tensor_parallel_message(2, 1) is None and tensor_parallel_message(8, 4) is None
+    assert tensor_parallel_message(3, 1) is None and tensor_parallel_message(1, 1) is None
+    line = tensor_parallel_message(8, 16)
+    assert "\n" not in line and "does not divide 8" in line and line.endswith("use one of 1, 2, 4, 8")
+    assert tensor_parallel_message(3, 2).endswith("use one of 1, 3")
+    assert cpu_thread_binding([0, 1], 2) == "0|1"
+    assert cpu_thread_binding([4, 5, 6, 7, 8], 2) == "4,5|6,7"
+    assert cpu_thread_binding([0], 2) == "0|0"
+
+
+def test_vllm_env_binds_each_cpu_rank_of_tensor_parallel_runs(tmp_path):
+    """bin/vllm-env with -tp N (N > 1) sets VLLM_CPU_OMP_THREADS_BIND to one CPU share per rank, unless it is set;
+    checked with a stand-in venv: this interpreter with an empty ``vllm`` package on its path (vllm-env would otherwise
+    run bin/setup-vllm-cpu into whatever environment that python belongs to)."""
+    import sys
+
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{fake}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    found = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                           capture_output=True, text=True)
+    assert found.stdout.strip() == str(fake / "vllm" / "__init__.py"), found  # else vllm-env would set up a venv
+    cpus = sorted(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_OMP_THREADS_BIND"}
+
+    def bind(*args: str, **extra: str) -> str:
+        proc = subprocess.run([str(ROOT / "bin" / "vllm-env"), "sh", "-c", 'echo "${VLLM_CPU_OMP_THREADS_BIND-unset}"',
+                               "sh", *args], capture_output=True, text=True, check=True,
+                              env={**env, "VLLM_VENV": str(venv), **extra})
+        return proc.stdout.strip()
+
+    from swiftkv.vllm_plugin.generate import cpu_thread_binding
+
+    assert bind("-tp", "2") == bind("--tensor-parallel-size=2") == cpu_thread_binding(cpus, 2)
+    assert "|" in bind("-tp", "2")
+    assert bind() == "unset" and bind("-tp", "1") == "unset"
+    assert bind("-tp", "2", VLLM_CPU_OMP_THREADS_BIND="nobind") == "nobind"
 
 
 def test_configuration_module_is_the_models_config():
@@ -335,3 +414,60 @@ def test_vllm_itself_stops_an_unserved_family_with_the_plugins_line(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, log
     assert proc.stderr.strip().splitlines()[-1].startswith("mistral_swiftkv checkpoints are not served by the "
                                                             "SwiftKV vLLM plugin"), log
+
+
+# -- tensor parallelism (issue 32, item 6) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory):
+    """A tiny random Llama student (4 heads, 2 KV heads, l = 2 of 4, g = 1) served at TP = 1, 2 (two CPU worker
+    processes, one CPU each here) and 4 (more ranks than KV heads), and its transformers greedy outputs."""
+    from swiftkv import convert_to_swiftkv
+    from tests.conftest import random_ids, tiny_base
+
+    python = _vllm_python_or_skip()
+    work = tmp_path_factory.mktemp("tp")
+    base = tiny_base("llama", hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    student = convert_to_swiftkv(base, 2, 1).swiftkv(True)
+    student.save_pretrained(work / "ckpt")
+    prompts = [random_ids(1, n, seed=n)[0].tolist() for n in (5, 37, 12, 50)]
+    (work / "prompts.json").write_text(json.dumps(prompts))
+    with torch.inference_mode():
+        reference = []
+        for ids in prompts:
+            x = torch.tensor([ids])
+            out = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, min_new_tokens=12,
+                                   do_sample=False)
+            reference.append(out[0, len(ids):].tolist())
+    runs = {"reference": reference}
+    for tp in (1, 2, 4):  # one after another: each TP = 2 rank takes a CPU of its own
+        out = work / f"tp{tp}.json"
+        cmd = [str(python), "-m", "swiftkv.vllm_plugin.generate", "--model", str(work / "ckpt"), "--prompts",
+               str(work / "prompts.json"), "--max-tokens", "12", "--ignore-eos", "--skip-tokenizer-init",
+               "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--max-model-len", "128",
+               "--tensor-parallel-size", str(tp), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        runs[tp] = (proc, json.loads(out.read_text()) if out.exists() else None)
+    return runs
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_generates_the_tokens_of_tp_1(tp_runs):
+    for tp in (1, 2):
+        proc, run = tp_runs[tp]
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+        assert run["engine_args"]["tensor_parallel_size"] == tp and run["kv_sharing_fast_prefill"] is True
+        assert run["token_ids"] == tp_runs["reference"]
+        assert run["stats"]["tokens_past_boundary"] < run["stats"]["tokens"]  # the prefill skip ran on rank 0
+    assert tp_runs[2][1]["stats"]["tokens"] == tp_runs[1][1]["stats"]["tokens"]  # steps: up to the scheduler
+
+
+@pytest.mark.slow
+def test_tensor_parallel_beyond_the_kv_heads_stops_in_one_line(tp_runs):
+    proc, run = tp_runs[4]
+    assert proc.returncode == 1 and run is None and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "the SwiftKV vLLM plugin splits the 2 KV heads"), proc.stderr[-4000:]
+    assert "--tensor-parallel-size 4 does not divide 2; use one of 1, 2" in proc.stderr

@@ -19,7 +19,7 @@ import swiftkv.configuration
 from swiftkv.bench.serving.variants import parse_variants
 from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
 from swiftkv.vllm_plugin import (ARCHITECTURES, UNSERVED_ARCHITECTURES, UNSERVED_TARGET, UnservedFamily,
-                                 arctic_selected, register)
+                                 UnservedParallelism, arctic_selected, register)
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_LOGGER = "vllm.swiftkv_plugin"
@@ -47,11 +47,13 @@ def fake_vllm(monkeypatch):
         def verify_and_update_config(vllm_config) -> None:
             raise NotImplementedError
 
-    def install(version: str, config_module: bool = True):
+    def install(version: str, config_module: bool = True, device: str = "cpu"):
         vllm = types.ModuleType("vllm")
         vllm.__version__ = version
         vllm.ModelRegistry = ModelRegistry
-        modules = {"vllm": vllm}
+        platforms = vllm.platforms = types.ModuleType("vllm.platforms")
+        platforms.current_platform = types.SimpleNamespace(device_type=device, is_cuda=lambda: device == "cuda")
+        modules = {"vllm": vllm, "vllm.platforms": platforms}
         if config_module:
             executor = vllm.model_executor = types.ModuleType("vllm.model_executor")
             models = executor.models = types.ModuleType("vllm.model_executor.models")
@@ -99,10 +101,8 @@ def test_supported_vllm_registers_both_architectures_and_their_config_hooks(fake
     assert set(state.config_hooks) == set(REGISTERED)
     hook = state.config_hooks["LlamaSwiftKVForCausalLM"]
     assert issubclass(hook, state.base_hook) and not _plugin_lines(caplog)
-    # the hook turns on fast prefill and eager execution for a checkpoint that skips layers >= l
-    hf_config = types.SimpleNamespace(swiftkv=True, num_key_value_layers=2, num_hidden_layers=4)
-    vllm_config = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf_config, enforce_eager=False),
-                                        cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=False))
+    # the hook turns on fast prefill and (on the CPU platform) eager execution for a checkpoint that skips layers >= l
+    vllm_config = _vllm_config()
     hook.verify_and_update_config(vllm_config)
     assert vllm_config.model_config.enforce_eager and vllm_config.cache_config.kv_sharing_fast_prefill
     # an unserved family's hook stops the engine's configuration with one line naming the families served
@@ -112,6 +112,44 @@ def test_supported_vllm_registers_both_architectures_and_their_config_hooks(fake
     with pytest.raises(UnservedFamily) as err:
         unserved.verify_and_update_model_config(types.SimpleNamespace(hf_config=hf_config))
     assert "deepseek_v2_swiftkv checkpoints are not served" in str(err.value) and "\n" not in str(err.value)
+
+
+def _vllm_config(tp: int = 1, kv_heads: int = 2, swiftkv: bool = True):
+    hf_config = types.SimpleNamespace(swiftkv=swiftkv, num_key_value_layers=2, num_hidden_layers=4,
+                                      num_key_value_heads=kv_heads)
+    return types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf_config, enforce_eager=False),
+                                 cache_config=types.SimpleNamespace(kv_sharing_fast_prefill=False),
+                                 parallel_config=types.SimpleNamespace(tensor_parallel_size=tp))
+
+
+def test_cuda_keeps_the_engines_graph_setting(fake_vllm, caplog):
+    """Issue 32 (d): enforce_eager is set on the CPU platform (previous test) but not on CUDA, where the engine's own
+    choice stands; fast prefill is turned on either way."""
+    state = fake_vllm("0.32.0", device="cuda")
+    register()
+    vllm_config = _vllm_config()
+    state.config_hooks["LlamaSwiftKVForCausalLM"].verify_and_update_config(vllm_config)
+    assert vllm_config.model_config.enforce_eager is False and vllm_config.cache_config.kv_sharing_fast_prefill
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_tensor_parallel_beyond_the_kv_heads_is_refused_in_one_line(fake_vllm, device):
+    """Issue 32 (b): the plugin does not replicate KV heads across ranks, so the config hook (in the process that
+    configures the engine, before any worker starts) refuses a TP size that does not divide them; sizes that do,
+    and a checkpoint served as its teacher (vLLM's own layers replicate), pass."""
+    state = fake_vllm("0.32.0", device=device)
+    register()
+    hook = state.config_hooks["Qwen2SwiftKVForCausalLM"]
+    for tp, kv_heads in [(1, 2), (2, 2), (2, 4), (4, 8), (1, 3)]:
+        hook.verify_and_update_config(_vllm_config(tp, kv_heads))
+    hook.verify_and_update_config(_vllm_config(4, 2, swiftkv=False))
+    for tp, kv_heads in [(4, 2), (2, 3), (8, 4)]:
+        config = _vllm_config(tp, kv_heads)
+        with pytest.raises(UnservedParallelism) as err:
+            hook.verify_and_update_config(config)
+        line = str(err.value)
+        assert "\n" not in line and f"--tensor-parallel-size {tp} does not divide {kv_heads}" in line, line
+        assert config.cache_config.kv_sharing_fast_prefill is False  # stopped before changing anything
 
 
 def test_release_lacking_the_config_hooks_warns_once(fake_vllm, caplog):

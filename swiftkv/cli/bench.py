@@ -88,16 +88,20 @@ def cmd_bench_vllm(args) -> None:
 def cmd_bench_served_fidelity(args) -> None:
     from pathlib import Path
 
-    from swiftkv.bench.served_fidelity import ServedFidelitySettings, served_fidelity
+    from swiftkv.bench.served_fidelity import BF16_TOLERANCE, ServedFidelitySettings, Tolerance, served_fidelity
     from swiftkv.bench.vllm_throughput import vllm_python
     from swiftkv.data.heldout import heldout_conversations
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import load_model
 
     python = vllm_python(args.vllm_venv)
+    skip = {"both": ("skip", "noskip"), "on": ("skip",), "off": ("noskip",)}[args.prefill_skip]
     settings = ServedFidelitySettings(num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens,
                                       new_tokens=args.new_tokens, top_k=args.top_k,
-                                      max_num_batched_tokens=args.max_num_batched_tokens)
+                                      max_num_batched_tokens=args.max_num_batched_tokens, dtype=args.engine_dtype,
+                                      attention_backend=args.attention_backend,
+                                      enforce_eager=not args.cuda_graphs, prefill_skip=skip)
+    tolerance = Tolerance() if args.engine_dtype == "float32" else BF16_TOLERANCE
     conversations = heldout_conversations(args.heldout)
     base, tokenizer = load_model(args.model, dtype="float32", resources=args.resources)
     if getattr(base.config, "swiftkv", None) is not None:
@@ -110,7 +114,7 @@ def cmd_bench_served_fidelity(args) -> None:
     workdir = open_output_dir(args.workdir or Path(args.output).with_suffix(""), args.overwrite,
                               "served-fidelity checkpoints, vLLM outputs and logs")
     result = served_fidelity(base, tokenizer, conversations, args.num_key_value_layers, args.group_sizes, python,
-                             workdir, settings)
+                             workdir, settings, tolerance)
     result.update(model=args.name or args.model, source=args.model)
     write_json(args.output, result, overwrite=args.overwrite)
     for name, c in result["configs"].items():
@@ -273,7 +277,8 @@ def add_parsers(bench) -> None:
                          "(prefill skip on and off; the vLLM venv) and compares with the same student in transformers "
                          "on held-out prompts: greedy agreement, |log-prob difference| of every generated token "
                          "(transformers teacher-forced on vLLM's continuation) and top-k overlap, each against a stated "
-                         "tolerance (swiftkv.bench.served_fidelity.Tolerance). fp32 on both sides.")
+                         "tolerance (swiftkv.bench.served_fidelity.Tolerance; BF16_TOLERANCE for a bf16 engine). "
+                         "Transformers in fp32 on the CPU; the engine in --engine-dtype.")
     add_model_args(p)
     p.add_argument("--num-key-value-layers", "-l", type=positive_int, required=True, help="l of the students")
     p.add_argument("--group-sizes", "-g", type=positive_int, nargs="+", default=[1, 3], help="AcrossKV g per student")
@@ -284,6 +289,15 @@ def add_parsers(bench) -> None:
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                    help="vLLM's token budget per step (small values: chunked prefill and mixed batches)")
     p.add_argument("--heldout", default=None, help="held-out conversations JSONL (default: ShareGPT's held-out split)")
+    p.add_argument("--engine-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the vLLM engine's dtype (FlashAttention on CUDA needs bfloat16 or float16); transformers "
+                   "runs fp32")
+    p.add_argument("--attention-backend", default=None, help="vLLM attention backend, e.g. FLASH_ATTN (default: "
+                   "vLLM's choice)")
+    p.add_argument("--cuda-graphs", action="store_true", help="let vLLM capture CUDA graphs (no --enforce-eager; "
+                   "on CUDA only: the plugin keeps the CPU backend eager)")
+    p.add_argument("--prefill-skip", choices=["both", "on", "off"], default="both",
+                   help="serve each student with the prefill skip on, off, or both")
     p.add_argument("--vllm-venv", default=None, help="the vLLM venv (default $VLLM_VENV or ./.venv-vllm)")
     p.add_argument("--workdir", default=None, help="checkpoints, vLLM outputs and logs (default: beside --output)")
     p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")

@@ -9,8 +9,12 @@ where this package is installed serves a SwiftKV checkpoint directory directly: 
 2. registers the model classes (``swiftkv.vllm_plugin.model``, imported lazily by vLLM) with ``ModelRegistry``;
 3. adds a per-architecture config hook that, for checkpoints with ``swiftkv: true`` and l < L, turns on the
    engine's ``kv_sharing_fast_prefill`` — the engine then restricts the layers >= l to the tokens it samples (the
-   prefill skip) — and ``enforce_eager`` (CUDA graphs / torch.compile of this path are not verified). Set ``SWIFTKV_VLLM_PREFILL_SKIP=0`` to leave it off: every token then runs every layer (same generated
-   tokens, slower), which is what prompt-logprob requests need (the engine rejects them under fast prefill).
+   prefill skip). Set ``SWIFTKV_VLLM_PREFILL_SKIP=0`` to leave it off: every token then runs every layer (same
+   generated tokens, slower), which is what prompt-logprob requests need (the engine rejects them under fast prefill).
+   The same hook refuses, in one line before any worker starts, a tensor-parallel size that does not divide the
+   checkpoint's KV heads (:func:`tensor_parallel_message`), and sets ``enforce_eager`` on every platform but CUDA
+   (:func:`forces_eager`): on the CPU backend eager execution is what the tests verify; on CUDA the engine's own
+   choice (CUDA graphs unless ``--enforce-eager``) stands, and ``bin/gpu-bench`` compares both with transformers.
 
 Built against one vLLM release (``SUPPORTED_VLLM``). The plugin never stops a vLLM process: vLLM's loader does not
 catch what a plugin raises, so one raise would abort every vLLM command in the venv, base models included. It logs
@@ -74,6 +78,29 @@ def arctic_selected(env: Mapping[str, str] | None = None) -> bool:
     return allowed is None or ARCTIC_PLUGIN in allowed.split(",")
 
 
+def tensor_parallel_message(num_kv_heads: int, tp_size: int) -> str | None:
+    """One line if a SwiftKV student with ``num_kv_heads`` KV heads cannot be served with tensor parallelism
+    ``tp_size``; None if it can.
+
+    The boundary's K/V projection of the layers >= l (``k/v_proj_swiftkv`` of every AcrossKV group, one fused
+    column-parallel GEMM) gives each rank ``num_kv_heads / tp_size`` whole heads. vLLM's own QKV projection replicates
+    KV heads when ``tp_size`` exceeds their count; this plugin does not, so ``tp_size`` must divide ``num_kv_heads``."""
+    if tp_size <= 1 or num_kv_heads % tp_size == 0:
+        return None
+    sizes = [n for n in range(1, num_kv_heads + 1) if num_kv_heads % n == 0]
+    return (f"the SwiftKV vLLM plugin splits the {num_kv_heads} KV heads of the layers >= num_key_value_layers across "
+            f"tensor-parallel ranks and does not replicate them: --tensor-parallel-size {tp_size} does not divide "
+            f"{num_kv_heads}; use one of {', '.join(map(str, sizes))}")
+
+
+def forces_eager(platform) -> bool:
+    """Whether the plugin sets ``enforce_eager`` for a SwiftKV student on vLLM's ``platform``: everywhere but CUDA.
+    The CPU backend has no CUDA graphs and the plugin's path is verified eagerly there; on CUDA the engine keeps its
+    own setting: the model's forward reads no per-step size on the host after the boundary (rows.merge_sampled_rows),
+    which capture needs, but it has not yet run under CUDA graphs (bin/gpu-bench, section serve, checks it)."""
+    return not platform.is_cuda()
+
+
 def prefill_skip_enabled() -> bool:
     return os.environ.get(PREFILL_SKIP_ENV, "1") != "0"
 
@@ -125,12 +152,17 @@ def _config_hook(base: type) -> type:
             l = getattr(hf_config, "num_key_value_layers", None) or hf_config.num_hidden_layers
             if not getattr(hf_config, "swiftkv", False) or l >= hf_config.num_hidden_layers:
                 return
+            from vllm.platforms import current_platform
+
+            message = tensor_parallel_message(hf_config.num_key_value_heads,
+                                              vllm_config.parallel_config.tensor_parallel_size)
+            if message:
+                raise UnservedParallelism(message)
             cache_config = vllm_config.cache_config
-            if not vllm_config.model_config.enforce_eager:
-                # the boundary's cache writes and the per-step token selection are verified eagerly only;
-                # CUDA graphs / torch.compile of this path are not
+            if forces_eager(current_platform) and not vllm_config.model_config.enforce_eager:
                 vllm_config.model_config.enforce_eager = True
-                logger.info("SwiftKV: running the model eagerly (enforce_eager)")
+                logger.info("SwiftKV: running the model eagerly (enforce_eager) on %s",
+                            getattr(current_platform, "device_type", "this platform"))
             if not prefill_skip_enabled():
                 logger.info("SwiftKV: prefill skip off (%s=0); every token runs all %d layers",
                             PREFILL_SKIP_ENV, hf_config.num_hidden_layers)
@@ -147,6 +179,11 @@ class UnservedFamily(SystemExit):
     """Stops a vLLM process that was asked to serve a SwiftKV family this plugin does not serve. A ``SystemExit``
     (status 1, the line on stderr, no traceback): vLLM builds its model config inside pydantic validation, which
     would wrap a ``ValueError`` into a multi-line validation error; Python code can still catch it."""
+
+
+class UnservedParallelism(SystemExit):
+    """Stops a vLLM process asked for a tensor-parallel size the plugin cannot split a checkpoint's KV heads into (a
+    ``SystemExit`` for the reason given for :class:`UnservedFamily`)."""
 
 
 def _unserved_hook(base: type) -> type:

@@ -31,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logprobs", type=int, default=0,
                    help="also record, per generated token, its log-probability and the top-K (K > 0) candidates")
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks (processes) the model is split over; on the CPU build each rank is bound to its own "
+                        "share of this process's CPUs (VLLM_CPU_OMP_THREADS_BIND, unless set)")
+    p.add_argument("--attention-backend", default=None, help="vLLM attention backend (e.g. FLASH_ATTN on CUDA)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the model eagerly (default; --no-enforce-eager lets vLLM capture CUDA graphs on a GPU)")
     p.add_argument("--output", "-o", required=True)
     args = p.parse_args(argv)
 
@@ -38,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
     os.environ["SWIFTKV_VLLM_STATS"] = "1"
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model ships model_stats by reference
+    if args.tensor_parallel_size > 1 and os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+        # vLLM's automatic binding gives each CPU rank a NUMA node of its own and stops on a one-node machine
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(sorted(os.sched_getaffinity(0)),
+                                                                     args.tensor_parallel_size)
 
     from swiftkv.errors import SwiftKVError
     from swiftkv.vllm_plugin import check_served
@@ -56,10 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(args.prompts) as f:
         prompts = json.load(f)
-    engine_args = dict(model=args.model, dtype=args.dtype, enforce_eager=True, max_model_len=args.max_model_len,
-                       seed=0)
+    engine_args = dict(model=args.model, dtype=args.dtype, enforce_eager=args.enforce_eager,
+                       max_model_len=args.max_model_len, seed=0, tensor_parallel_size=args.tensor_parallel_size)
     if args.max_num_batched_tokens:
         engine_args.update(max_num_batched_tokens=args.max_num_batched_tokens, enable_chunked_prefill=True)
+    if args.attention_backend:
+        engine_args["attention_backend"] = args.attention_backend
     if args.max_num_seqs:
         engine_args["max_num_seqs"] = args.max_num_seqs
     if args.skip_tokenizer_init:
@@ -93,6 +105,15 @@ def main(argv: list[str] | None = None) -> int:
                               for o in outputs]
     write_json(args.output, result)
     return 0
+
+
+def cpu_thread_binding(cpus: list[int], ranks: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers sharing ``cpus``: consecutive equal shares, one per
+    rank, separated by ``|`` (at least one CPU each; with fewer CPUs than ranks, ranks share CPUs round-robin)."""
+    if len(cpus) < ranks:
+        return "|".join(str(cpus[r % len(cpus)]) for r in range(ranks))
+    share = len(cpus) // ranks
+    return "|".join(",".join(map(str, cpus[r * share:(r + 1) * share])) for r in range(ranks))
 
 
 def _step(token: int, step: dict) -> dict:

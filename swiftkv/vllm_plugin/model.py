@@ -45,6 +45,8 @@ from vllm.utils.torch_utils import _encode_layer_name
 from vllm.v1.attention.backends.utils import KVSharingFastPrefillMetadata
 
 from swiftkv.errors import SwiftKVError
+from swiftkv.vllm_plugin import tensor_parallel_message
+from swiftkv.vllm_plugin.rows import merge_sampled_rows
 
 
 STATS_ENV = "SWIFTKV_VLLM_STATS"  # "1": count tokens per step (tests read them through LLM.apply_model)
@@ -130,6 +132,10 @@ def check_supported(config, family: Family, vllm_config: VllmConfig) -> None:
     if getattr(config, "swiftkv_key_value_heads", None):
         raise SwiftKVError("swiftkv_key_value_heads (an MQA student) is not supported by the SwiftKV vLLM plugin; "
                            "serve it with transformers")
+    tp_message = tensor_parallel_message(config.num_key_value_heads,
+                                         vllm_config.parallel_config.tensor_parallel_size)
+    if l < config.num_hidden_layers and tp_message:  # the config hook stops the engine first; this is a backstop
+        raise SwiftKVError(tp_message)
     if getattr(config, "qk_norm", False):
         raise SwiftKVError(f"{family.name} checkpoints with qk_norm are not supported by the SwiftKV vLLM plugin")
     types = getattr(config, "layer_types", None) or []
@@ -350,8 +356,7 @@ class SwiftKVModel(nn.Module):
         hidden, _ = self.norm(hidden, residual)  # n, H
         if index is None:
             return hidden
-        # The engine reads the rows of the sampled tokens; the other rows keep h_l (never read).
-        return stream.index_copy_(0, index[:count].long(), hidden[:count])
+        return merge_sampled_rows(stream, index, hidden)
 
     def _update_stats(self, tokens: int, continued: int) -> None:
         self.stats["steps"] += 1
