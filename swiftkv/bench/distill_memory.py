@@ -39,6 +39,7 @@ class Case:
     rows: int = 1  # rows per rank
     length: int = 32  # tokens per row
     shape: dict = field(default_factory=lambda: dict(LLAMA_3_2_1B))
+    device: str = "cpu"  # cpu (gloo; peak resident memory) | cuda (nccl; also the peak of allocated GPU memory)
 
     @property
     def name(self) -> str:
@@ -132,7 +133,8 @@ def run_case(case: Case, out_dir: Path) -> None:
     from swiftkv.models.convert import FAMILIES, set_trainable, swiftkv_config_from
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // case.processes))
-    par = Parallel.start(case.strategy, cpu=True)
+    cuda = case.device == "cuda"
+    par = Parallel.start(case.strategy, cpu=not cuda)
     dtype = getattr(torch, case.dtype)
     config = LlamaConfig(**case.shape)
     config._attn_implementation = "sdpa"
@@ -151,10 +153,10 @@ def run_case(case: Case, out_dir: Path) -> None:
 
     def materialise() -> None:  # each rank allocates what it holds: the whole model, or under FSDP its shards
         rotary = student.model.rotary_emb
-        pair.to_empty(device="cpu")
+        pair.to_empty(device=par.device)
         if case.strategy != "fsdp":  # to_empty gives each module its own copy of a tied weight: tie them again
             student.tie_weights()
-        student.model.rotary_emb = type(rotary)(config=config)
+        student.model.rotary_emb = type(rotary)(config=config).to(par.device)
         torch.manual_seed(0)
         with torch.no_grad():
             for name, p in pair.named_parameters():
@@ -173,13 +175,15 @@ def run_case(case: Case, out_dir: Path) -> None:
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     built = _max_rss_bytes()
     gen = torch.Generator().manual_seed(par.rank)
-    ids = torch.randint(0, config.vocab_size, (case.rows, case.length), generator=gen)
-    pos = torch.arange(case.length).expand(case.rows, -1)
+    ids = torch.randint(0, config.vocab_size, (case.rows, case.length), generator=gen).to(par.device)
+    pos = torch.arange(case.length, device=par.device).expand(case.rows, -1)
     batch = {"input_ids": ids, "position_ids": pos, "labels": torch.roll(ids, -1, 1),
              "loss_mask": torch.ones_like(ids, dtype=torch.bool)}
     pair.train()
     counted = par.sum(batch["loss_mask"].sum())
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):  # fp32 trainables meet bf16 frozen ones
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    with torch.autocast(par.device.type, dtype=dtype, enabled=dtype != torch.float32):  # fp32 trainables meet bf16 frozen ones
         out = model(ids, pos)
         loss = compute_loss(out, batch, student.get_output_embeddings(), settings, counted) * par.world
     loss.backward()
@@ -188,6 +192,8 @@ def run_case(case: Case, out_dir: Path) -> None:
     optimizer.zero_grad(set_to_none=True)
     result = {"rank": par.rank, "baseline_bytes": baseline, "built_bytes": built, "peak_bytes": _max_rss_bytes(),
               "loss": float(par.sum(loss.detach() / par.world))}
+    if cuda:  # the step's high-water mark of memory torch allocated on this rank's GPU (weights included)
+        result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     (out_dir / f"rank-{par.rank}.json").write_text(json.dumps(result))
     par.barrier()
     par.stop()
@@ -215,7 +221,8 @@ def launch_case(case: Case, timeout: int = 1800) -> dict:
     return {"case": case.name, **{k: v for k, v in asdict(case).items() if k != "shape"}, "ranks": ranks,
             "peak_bytes_max_rank": max(r["peak_bytes"] for r in ranks),
             "peak_minus_baseline_bytes_max_rank": max(r["peak_bytes"] - r["baseline_bytes"] for r in ranks),
-            "predicted_bytes": predicted}
+            "predicted_bytes": predicted,
+            **({"peak_gpu_bytes_max_rank": max(r["peak_gpu_bytes"] for r in ranks)} if case.device == "cuda" else {})}
 
 
 def bench_distill_memory(cases: list[Case], progress=print) -> dict:

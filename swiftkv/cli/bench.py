@@ -166,10 +166,14 @@ def cmd_bench_distill(args) -> None:
 
 
 def cmd_bench_distill_memory(args) -> None:
-    from swiftkv.bench.distill_memory import LLAMA_3_2_1B, Case, bench_distill_memory, default_cases
+    from swiftkv.bench.distill_memory import LLAMA_3_1_8B, LLAMA_3_1_70B, LLAMA_3_2_1B, Case, bench_distill_memory, \
+        default_cases
     from swiftkv.io import write_json
 
     cases = default_cases(args.length)
+    if args.device == "cuda":  # one GPU: a process holds the whole model (FSDP over one rank shards nothing)
+        cases = [Case("none", 1, "bfloat16", True, length=args.length), Case("none", 1, "bfloat16", False,
+                                                                            length=args.length)]
     if args.cases:
         known = {c.name: c for c in cases}
         unknown = sorted(set(args.cases) - set(known))
@@ -179,8 +183,22 @@ def cmd_bench_distill_memory(args) -> None:
     if args.shape:
         import json
 
-        shape = {**LLAMA_3_2_1B, **json.loads(args.shape)}
-        cases = [Case(c.strategy, c.processes, c.dtype, c.checkpointing, c.rows, c.length, shape) for c in cases]
+        named = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-3.1-8b": LLAMA_3_1_8B, "llama-3.1-70b": LLAMA_3_1_70B}
+        try:
+            shape = named[args.shape] if args.shape in named else {**LLAMA_3_2_1B, **json.loads(args.shape)}
+        except (ValueError, TypeError):
+            raise SwiftKVError(f"--shape {args.shape!r}: give one of {', '.join(named)} or a JSON dict of config "
+                               "fields") from None
+        cases = [Case(c.strategy, c.processes, c.dtype, c.checkpointing, c.rows, c.length, shape, args.device)
+                 for c in cases]
+    else:
+        cases = [Case(c.strategy, c.processes, c.dtype, c.checkpointing, c.rows, c.length, c.shape, args.device)
+                 for c in cases]
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SwiftKVError("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
     result = bench_distill_memory(cases, progress=lambda m: print(m, flush=True))
     from swiftkv import io
 
@@ -191,7 +209,9 @@ def cmd_bench_distill_memory(args) -> None:
     for r in result["results"]:
         print(f"{r['case']:>24}: {r['peak_bytes_max_rank'] / gib:6.2f} GiB  "
               f"({r['peak_minus_baseline_bytes_max_rank'] / gib:.2f} GiB above the {r['ranks'][0]['baseline_bytes'] / gib:.2f} GiB after imports; predicted "
-              f"{r['predicted_bytes']['total'] / gib:.2f} GiB)")
+              f"{r['predicted_bytes']['total'] / gib:.2f} GiB)"
+              + (f"; peak allocated GPU memory {r['peak_gpu_bytes_max_rank'] / gib:.2f} GiB" if "peak_gpu_bytes_max_rank"
+                 in r else ""))
     for k, v in result["ratios"].items():
         if v is not None:
             print(f"{k}: {v:.2f}")
@@ -342,7 +362,11 @@ def add_parsers(bench) -> None:
                          formatter_class=DefaultsFormatter)
     p.add_argument("--length", type=positive_int, default=32, help="tokens per row (one row per rank)")
     p.add_argument("--cases", nargs="+", help="only these cases (e.g. none-1-float32 fsdp-2-float32)")
-    p.add_argument("--shape", help="JSON dict overriding the model shape (e.g. a smaller one for a quick check)")
+    p.add_argument("--shape", help="the model's shape: llama-3.2-1b (default), llama-3.1-8b, llama-3.1-70b, or a JSON dict "
+                   "overriding fields of the default (e.g. a smaller one for a quick check)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: the cases above on gloo, peak resident memory; cuda: one GPU, bf16 frozen weights with "
+                   "and without checkpointing, also the peak of allocated GPU memory")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill_memory, output_kind="file")
 
