@@ -413,12 +413,12 @@ def _truncated_student(material):
 
 LIBRARY_CASES = {
     "load-model-none": (lambda m: __import__("swiftkv.loading").loading.load_model(None), "the model to load must be"),
-    "convert-a-model-name": (lambda m: __import__("swiftkv.models.convert").convert.convert_to_swiftkv("smollm2-135m", 2),
+    "convert-a-model-name": (lambda m: __import__("swiftkv.models.convert").models.convert.convert_to_swiftkv("smollm2-135m", 2),
                              "load it first: model, tokenizer = swiftkv.loading.load_model('smollm2-135m')"),
     "forward-without-positions": (_forward_no_positions, "input_ids holds no positions (shape (1, 0))"),
     "auto-model-missing-swiftkv-weight": (_auto_model("nokv"), "lacks 1 of the 7 SwiftKV weights"),
     "auto-model-truncated-student": (_truncated_student, "is damaged"),
-    "teacher-cache-with-nan": (lambda m: __import__("swiftkv.distill.teacher_cache").teacher_cache.TeacherCache(m / "nancache"),
+    "teacher-cache-with-nan": (lambda m: __import__("swiftkv.distill.teacher_cache").distill.teacher_cache.TeacherCache(m / "nancache"),
                                "nancache/train.h2.bin holds non-finite values (token row 15): the cache is damaged"),
     "distill-settings-lr-nan": (lambda m: __import__("swiftkv.distill").distill.DistillSettings(
         num_key_value_layers=2, lr=float("nan")).validate(), "lr must be a finite number > 0, got nan"),
