@@ -24,6 +24,17 @@ import swiftkv  # noqa: F401  (registers the SwiftKV model types)
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture()
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine OpenMP spinning (barrier waits) makes their
+    tests 10-20x slower: torch runs on one thread for the test. Files of tiny-model tests use it for every test
+    (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def committed_raw(study: str) -> tuple[Path, dict]:
     """A committed raw folder of the default profile, checked intact against its manifest, and that profile."""
     import yaml

@@ -14,14 +14,7 @@ from swiftkv.distill import DistillModel, DistillSettings, Interrupted, build_st
 from swiftkv.distill.losses import distill_kl, kl_sum, lm_cross_entropy
 from tests.conftest import random_ids, tiny_base, tiny_conversations, tiny_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine OpenMP spinning makes them 10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def packed_batch(n_packs: int = 2, max_length: int = 160, seed: int = 0) -> dict:

@@ -30,12 +30,7 @@ CACHED = SETTINGS  # with the teacher cache of tests/test_teacher_cache.py (buil
 ODD = dict(SETTINGS, batch_size=4, tokens=1200)  # the last global batch is short: one rank gets no row
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def launch(specs: list[dict], timeout: int = 300) -> subprocess.CompletedProcess:

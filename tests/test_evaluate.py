@@ -16,14 +16,7 @@ from swiftkv.measure.evaluate import SwiftKVLM, TaskSpec, run_suite
 from swiftkv.models.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
 from tests.conftest import TINY, tiny_base
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread avoids OpenMP barrier waits that make these tests 20x slower on a busy machine."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

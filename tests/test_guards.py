@@ -11,13 +11,7 @@ from swiftkv.distill import DistillSettings, train
 from swiftkv.distill.guards import Diverged, DivergenceGuard
 from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_each_check_names_the_step_the_value_and_the_likely_cause(tmp_path):
