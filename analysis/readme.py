@@ -214,7 +214,7 @@ def results_page(root: str | Path, title: str, labels: Labels) -> str:
 # -- the committed page (default profile) --------------------------------------------------------------------------
 
 DEFAULT_TITLE = ("SwiftKV re-tested in miniature (small embedded models on a CPU): the measured numbers, every claim "
-                 "judged by a registered rule")  # rule render_readme's for the default profile (report.smk)
+                 "judged by a registered rule")  # the default profile's (rule render_readme reads it from here)
 
 
 def default_labels(repo: str | Path = ".") -> Labels:

@@ -85,14 +85,15 @@ def report_inputs(wildcards):
             "seeds_raw": [f"{root}/raw/seeds"] if SEEDS else []}
 
 
-REPORT_TITLES = {  # per profile: the page's title, and the markdown page's (analysis.readme.DEFAULT_TITLE: default)
+from analysis.readme import DEFAULT_TITLE as README_DEFAULT_TITLE  # the committed page's (python -m analysis.readme)
+
+REPORT_TITLES = {  # per profile: the page's title, and the markdown page's
     "html": {"default": "SwiftKV re-tested in miniature (small embedded models on a CPU): the paper's tables and "
              "figures beside this profile's, every claim judged by a registered rule",
              "ci": "SwiftKV pipeline check (CI profile, tiny sizes): the numbers say nothing about the paper",
              "paper": "SwiftKV at the paper's scale (paper profile): the paper's tables and figures beside this "
              "run's, every claim judged by a registered rule"}[config["profile"]],
-    "markdown": {"default": "SwiftKV re-tested in miniature (small embedded models on a CPU): the measured numbers, "
-                 "every claim judged by a registered rule",
+    "markdown": {"default": README_DEFAULT_TITLE,
                  "ci": "SwiftKV pipeline check (CI profile, tiny sizes): the numbers say nothing about the paper",
                  "paper": "SwiftKV at the paper's scale (paper profile): the measured numbers, every claim judged by "
                  "a registered rule"}[config["profile"]],
