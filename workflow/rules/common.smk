@@ -209,14 +209,21 @@ def distill_curve_args(wildcards):
     return f"{distill_budget_args(wildcards)} --tokens {c['tokens']} --eval-every {c['eval_every']}"
 
 
+def distill_ranks(resources):
+    """Processes a distillation job runs: one per GPU the job was given (its resources gpu: config
+    resources.distill.gpu, capped by a profile's resources: gpu=N) under the profile's accelerate config; 0 for a
+    plain one-process `swiftkv distill` (no accelerate config, or no GPU)."""
+    return resources.gpu if config["distill"].get("accelerate_config") and resources.gpu else 0
+
+
 def distill_launcher(wildcards, resources):
-    """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config and one process per GPU
-    the job was given (its resources gpu: config resources.distill.gpu, capped by a profile's resources: gpu=N;
-    this overrides the accelerate config's num_processes). A job given no GPU runs one process."""
-    cfg = config["distill"].get("accelerate_config")
-    if not cfg or not resources.gpu:
+    """`swiftkv` (one process), or `accelerate launch` with the profile's accelerate config and distill_ranks
+    processes (overriding the accelerate config's num_processes)."""
+    ranks = distill_ranks(resources)
+    if not ranks:
         return "swiftkv"
-    return f"accelerate launch --config_file {cfg} --num_processes {resources.gpu} -m swiftkv.cli"
+    cfg = config["distill"]["accelerate_config"]
+    return f"accelerate launch --config_file {cfg} --num_processes {ranks} -m swiftkv.cli"
 
 
 def distill_runtime_args(wildcards, resources):
@@ -224,7 +231,7 @@ def distill_runtime_args(wildcards, resources):
     than one process, --processes (swiftkv distill refuses a launch that started another number) and, where the
     profile names one (config distill.strategy), the strategy (else swiftkv distill's default: ddp)."""
     strategy = config["distill"].get("strategy")
-    ranks = resources.gpu if config["distill"].get("accelerate_config") and resources.gpu else 1
+    ranks = distill_ranks(resources)
     return " ".join(x for x in (MIXED_PRECISION, f"--processes {ranks}" if ranks > 1 else "",
                                 f"--strategy {strategy}" if strategy else "") if x)
 
