@@ -18,7 +18,9 @@ from swiftkv.measure.fidelity import (
 )
 from swiftkv.models.kvquant import make_cache_factory
 from tests.conftest import tiny_base
-from tests.test_evaluate import one_thread, tiny_tokenizer, words  # noqa: F401  (fixture)
+from tests.test_evaluate import tiny_tokenizer, words  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def conversations(n: int = 6) -> list[Conversation]:
