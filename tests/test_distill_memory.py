@@ -39,3 +39,16 @@ def test_paper_settings_fit_the_goal():
     rows = {(r["model"], r["strategy"], r["checkpointing"]): r for r in paper_predictions()}
     assert rows[("llama-3.1-8b", "fsdp", True)]["per_gpu_gb"] <= 60
     assert rows[("llama-3.1-70b", "ddp", True)]["fewest_80gb_gpus"] is None  # 140 GB of bf16 weights per GPU
+
+
+def test_fsdp_over_one_rank_takes_the_same_step_as_one_process():
+    """The GPU check's one-rank FSDP case (fully_shard over a group of one; gloo here, NCCL on a GPU) trains the same
+    step as the plain process: the same loss from the same weights and rows."""
+    from swiftkv.bench.distill_memory import Case, launch_case
+
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256, "tie_word_embeddings": True}
+    plain, fsdp = (launch_case(Case(s, 1, "bfloat16", True, length=16, shape=tiny), timeout=300) for s in ("none", "fsdp"))
+    assert fsdp["case"] == "fsdp-1-bfloat16-ckpt"
+    loss = plain["ranks"][0]["loss"]
+    assert loss > 0 and fsdp["ranks"][0]["loss"] == pytest.approx(loss, rel=1e-3)

@@ -134,7 +134,10 @@ def run_case(case: Case, out_dir: Path) -> None:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // case.processes))
     cuda = case.device == "cuda"
-    par = Parallel.start(case.strategy, cpu=not cuda)
+    if case.strategy == "fsdp" and case.processes == 1:  # FSDP2 over a one-rank group: its code path on this device
+        par = _one_rank_fsdp(cuda)  # (one GPU shards nothing, but runs fully_shard, NCCL and the mixed dtypes)
+    else:
+        par = Parallel.start(case.strategy, cpu=not cuda)
     dtype = getattr(torch, case.dtype)
     config = LlamaConfig(**case.shape)
     config._attn_implementation = "sdpa"
@@ -197,6 +200,32 @@ def run_case(case: Case, out_dir: Path) -> None:
     (out_dir / f"rank-{par.rank}.json").write_text(json.dumps(result))
     par.barrier()
     par.stop()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _one_rank_fsdp(cuda: bool):
+    """A process group of one rank (nccl on a GPU, gloo on a CPU) so that FSDP2 runs in a single process; ``Parallel``
+    would otherwise run one process as strategy none."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from swiftkv.distill.parallel import Parallel
+
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
+                            device_id=device if cuda else None)
+    return Parallel(0, 1, device, "fsdp")
 
 
 def launch_case(case: Case, timeout: int = 1800) -> dict:

@@ -171,9 +171,10 @@ def cmd_bench_distill_memory(args) -> None:
     from swiftkv.io import write_json
 
     cases = default_cases(args.length)
-    if args.device == "cuda":  # one GPU: a process holds the whole model (FSDP over one rank shards nothing)
-        cases = [Case("none", 1, "bfloat16", True, length=args.length), Case("none", 1, "bfloat16", False,
-                                                                            length=args.length)]
+    if args.device == "cuda":  # one GPU: a process holds the whole model; FSDP over one rank shards nothing but runs
+        cases = [Case("none", 1, "bfloat16", True, length=args.length),  # fully_shard, NCCL and the mixed dtypes
+                 Case("none", 1, "bfloat16", False, length=args.length),
+                 Case("fsdp", 1, "bfloat16", True, length=args.length)]
     if args.cases:
         known = {c.name: c for c in cases}
         unknown = sorted(set(args.cases) - set(known))
