@@ -66,3 +66,21 @@ def test_paper_profile_uses_the_papers_tasks():
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
     assert "write_eval_tasks" in counts and "eval_selection_split" not in counts
+
+
+def test_each_task_list_is_extracted_into_its_own_folder():
+    """resources/ is shared by the profiles (and CI's scratch clones link it): the CI profile's extraction must never
+    stand in for the default profile's longer list (it did: the default run then missed a task file)."""
+    import yaml
+
+    from swiftkv.data.bigbench import tasks_dir
+
+    lists = {name: yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())["eval"]["bigbench"]["candidates"]
+             for name in ("config", "ci")}
+    assert set(lists["config"]) != set(lists["ci"])
+    assert tasks_dir(lists["config"]) != tasks_dir(lists["ci"])
+    assert tasks_dir(list(reversed(lists["ci"]))) == tasks_dir(lists["ci"])  # the list, not its order
+    for name, configfiles in (("config", ()), ("ci", ("config/ci.yaml",))):
+        out = dry_run(["results/tasks/bigbench"], *configfiles, flags=("-p",))
+        assert out.returncode == 0, out.stderr
+        assert f"--output {tasks_dir(lists[name])}" in out.stdout and f"--tasks-dir {tasks_dir(lists[name])}" in out.stdout

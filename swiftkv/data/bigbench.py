@@ -40,6 +40,13 @@ TASKS_PREFIX = "bigbench-1.0.0/bigbench/benchmark_tasks/"
 SPLITS = ("selection", "report")
 
 
+def tasks_dir(names: list[str], root: str | Path = "resources/bigbench") -> str:
+    """Where the tasks ``names`` are extracted: keyed by the list (order and repeats aside), so that profiles sharing
+    ``resources/`` (default, CI, a CI scratch clone's link) never read a folder extracted for another list."""
+    key = hashlib.sha256("\n".join(sorted(set(names))).encode()).hexdigest()[:12]
+    return f"{Path(root).as_posix()}/tasks-{key}"
+
+
 def sha256_of(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -9,6 +9,7 @@ from snakemake.exceptions import WorkflowError
 
 from analysis.raw import eval_path  # where an evaluation lives under results/eval (writer and reader alike)
 from analysis.raw import serving_raw  # a serving study's raw folder (rule raw_serving, the figures, the claims)
+from swiftkv.data.bigbench import tasks_dir as bigbench_tasks_dir  # extracted BIG-bench tasks, keyed by task list
 
 MODELS = {m["id"]: m for m in config["models"]}
 

@@ -91,11 +91,16 @@ rule fetch_bigbench:
         "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1"
 
 
+# The extracted tasks are keyed by the task list: resources/ is shared by the profiles (and by CI's scratch clones),
+# and a folder extracted for one profile's list must never stand in for another's.
+BIGBENCH_TASKS = bigbench_tasks_dir(EVAL.get("bigbench", {}).get("candidates", []))
+
+
 rule extract_bigbench_tasks:
     input:
         BIGBENCH_SDIST,
     output:
-        directory("resources/bigbench/tasks"),
+        directory(BIGBENCH_TASKS),
     log:
         "logs/extract_bigbench_tasks/tasks.log",
     params:
@@ -106,7 +111,7 @@ rule extract_bigbench_tasks:
 
 rule build_bigbench_tasks:
     input:
-        "resources/bigbench/tasks",
+        BIGBENCH_TASKS,
     output:
         directory("results/tasks/bigbench"),
     log:
