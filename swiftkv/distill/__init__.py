@@ -25,7 +25,8 @@ With a teacher cache (``swiftkv.distill.teacher_cache``) steps 1-2 come from dis
 final hidden states were computed once for every variant, and a step runs only 3-4.
 
 The package: ``settings`` (DistillSettings, file names), ``pair`` (the teacher/student pair and the loss), ``batches``
-(packed rows, the held-out sample), ``trainer`` (``train`` and what it needs around it).
+(packed rows, the held-out sample), ``setup`` (outputs, precision, data, schedule), ``budgets`` (the wsd plan and its
+reads), ``checkpoints`` (the run log, checkpoints, gathering a sharded student), ``trainer`` (``train``: the run).
 """
 
 from swiftkv.distill.batches import HeldOut, prepare_data

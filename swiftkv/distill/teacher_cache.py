@@ -235,6 +235,40 @@ class TeacherCacheSettings:
     assistant_masks: bool = True
 
 
+def _write_split(inner, packs: list[Pack], tmp: Path, split: str, names: list[str], stored: list[int], pad_id: int,
+                 storage_dtype: str, progress: bool, model_dtype) -> int:
+    """The teacher's states of one split's packs (one pack per forward, as the trainer's steps run) into one memory-
+    mapped file per array (``<split>.<array>.bin``, rows of hidden size); the number of token rows written."""
+    from tqdm.auto import tqdm
+
+    from swiftkv.data.packing import collate_packs
+
+    np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
+    n = sum(len(p) for p in packs)
+    if not n:
+        for a in names:
+            (tmp / f"{split}.{a}.bin").write_bytes(b"")
+        return 0
+    hidden = inner.config.hidden_size
+    files = {a: np.memmap(tmp / f"{split}.{a}.bin", dtype=np_dtype, mode="w+", shape=(n, hidden)) for a in names}
+    row = 0
+    with torch.no_grad():
+        for pack in tqdm(packs, desc=f"teacher cache ({split})", unit="pack", disable=not progress):
+            batch = collate_packs([pack], pad_id)
+            values = teacher_states(inner, batch["input_ids"], batch["position_ids"], stored)
+            if not all(bool(torch.isfinite(v).all()) for v in values.values()):
+                raise SwiftKVError(f"the teacher produced non-finite hidden states ({split} pack at token row "
+                                   f"{row}): its weights are damaged or {model_dtype} overflows; check the base model "
+                                   "(or build the cache in float32)")
+            for a, v in values.items():
+                v = v[0, : len(pack)].to(torch_dtype).contiguous()
+                files[a][row: row + len(pack)] = (v.view(torch.uint16) if torch_dtype == torch.bfloat16 else v).numpy()
+            row += len(pack)
+    for f in files.values():
+        f.flush()
+    return n
+
+
 def build_teacher_cache(
     base_model,
     tokenizer,
@@ -251,9 +285,7 @@ def build_teacher_cache(
     layers, data, seed, max_length = settings.layers, settings.data, settings.seed, settings.max_length
     tokens, heldout_tokens, storage_dtype = settings.tokens, settings.heldout_tokens, settings.storage_dtype
     assistant_masks = settings.assistant_masks
-    from tqdm.auto import tqdm
-
-    from swiftkv.data.packing import HELDOUT_SEED, collate_packs, conversation_stream
+    from swiftkv.data.packing import HELDOUT_SEED, conversation_stream
     from swiftkv.io import atomic_dir, check_output_dir
     from swiftkv.models.convert import convert_to_swiftkv
 
@@ -272,7 +304,6 @@ def build_teacher_cache(
     inner = teacher.model
     fingerprint = weights_fingerprint(teacher)
     hidden = teacher.config.hidden_size
-    np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     reports, split_meta, tokens_done, seconds = {}, {}, 0, 0.0
@@ -282,34 +313,12 @@ def build_teacher_cache(
             report = PackReport()
             stream = conversation_stream(convs, tokenizer, max_length, budget, order_seed, report,
                                          assistant_masks) if budget else []
-            packs = pack_stream(stream, max_length, report)
-            n = sum(len(p) for p in packs)
             names = [f"h{l}" for l in stored] + ["final"]
-            files = {a: np.memmap(tmp / f"{split}.{a}.bin", dtype=np_dtype, mode="w+", shape=(max(n, 1), hidden))
-                     for a in names} if n else {}
-            row = 0
             t0 = time.perf_counter()
-            bar = tqdm(packs, desc=f"teacher cache ({split})", unit="pack", disable=not progress)
-            with torch.no_grad():
-                for pack in bar:
-                    batch = collate_packs([pack], pad_id)  # one pack per forward, as the trainer's steps run
-                    values = teacher_states(inner, batch["input_ids"], batch["position_ids"], stored)
-                    if not all(bool(torch.isfinite(v).all()) for v in values.values()):
-                        raise SwiftKVError(f"the teacher produced non-finite hidden states ({split} pack at token row "
-                                           f"{row}): its weights are damaged or {base_model.dtype} overflows; check "
-                                           "the base model (or build the cache in float32)")
-                    for a, v in values.items():
-                        v = v[0, : len(pack)].to(torch_dtype).contiguous()
-                        files[a][row: row + len(pack)] = (v.view(torch.uint16) if torch_dtype == torch.bfloat16
-                                                          else v).numpy()
-                    row += len(pack)
+            n = _write_split(inner, pack_stream(stream, max_length, report), tmp, split, names, stored, pad_id,
+                             storage_dtype, progress, base_model.dtype)
             if split == "train":
                 tokens_done, seconds = n, time.perf_counter() - t0
-            for f in files.values():
-                f.flush()
-            if not n:
-                for a in names:
-                    (tmp / f"{split}.{a}.bin").write_bytes(b"")
             reports[split] = asdict(report)
             split_meta[split] = {
                 "arrays": names,
