@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from swiftkv.cli.options import (
     DefaultsFormatter,
@@ -225,6 +226,8 @@ def cmd_bench_distill_memory(args) -> None:
 def cmd_bench_serve(args) -> None:
     from swiftkv.bench.serving.run import ServeRequest, bench_serve
 
+    if args.vllm_command is None and Path("bin/vllm-env").is_file():  # a checkout: its CPU build in .venv-vllm
+        args.vllm_command = "bin/vllm-env vllm"
     result = bench_serve(ServeRequest.from_options(args))
     for row in result["results"]:
         keys = [k for k in ("input_len", "request_rate", "kv_limit_bytes", "min_ratio") if k in row]
@@ -438,8 +441,9 @@ def add_parsers(bench) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch / OMP threads (default: all this process may use)")
     p.add_argument("--resources", default=None, help="resources folder (default $SWIFTKV_RESOURCES or ./resources)")
     p.add_argument("--no-memory", action="store_true", help="hf: skip the peak-memory pass")
-    p.add_argument("--vllm-command", default="bin/vllm-env vllm",
-                   help="how to call the vLLM CLI (default: bin/vllm-env vllm, the CPU build in .venv-vllm)")
+    p.add_argument("--vllm-command", default=None,
+                   help="how to call the vLLM CLI (default: bin/vllm-env vllm where the current folder has it, the "
+                   "CPU build in .venv-vllm; else vllm on PATH)")
     p.add_argument("--vllm-args", default="", help="extra engine arguments for every variant, e.g. "
                    "'--tensor-parallel-size 8'")
     p.add_argument("--kv-cache-mib", type=float, default=1024, help="vllm: KV-cache space in MiB (default 1024)")

@@ -44,7 +44,7 @@ class ServeRequest:
     threads: int | None = None
     resources: str | None = None
     no_memory: bool = False
-    vllm_command: str = "bin/vllm-env vllm"
+    vllm_command: str | None = None  # None: VllmSettings' default (vllm on PATH)
     vllm_args: str = ""
     kv_cache_mib: float | None = 1024
     max_model_len: int | None = None
@@ -202,7 +202,8 @@ def _run_vllm(request: ServeRequest, specs, filters) -> dict:
     workdir = check_output_dir(request.workdir or Path(request.output).with_suffix(""), request.overwrite, what,
                                replace=False).resolve()  # created once the engine is known to run here
     settings = VllmSettings(
-        command=shlex.split(request.vllm_command), device=request.device, dtype=dtype,
+        command=shlex.split(request.vllm_command) if request.vllm_command else VllmSettings().command,
+        device=request.device, dtype=dtype,
         kv_cache_bytes=int(request.kv_cache_mib * MIB) if request.kv_cache_mib else None, max_model_len=request.max_model_len,
         threads=request.threads, warmup=request.warmup, repeats=request.repeats, seed=request.seed,
         engine_args=shlex.split(request.vllm_args or ""), workdir=str(workdir),

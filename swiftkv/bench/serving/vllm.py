@@ -1,8 +1,8 @@
 """The vLLM engine, driven through its own benchmark commands in its own environment.
 
 vLLM pins its own torch and transformers, so it never runs in this process: every measurement is a subprocess
-of ``command`` (``bin/vllm-env vllm`` for the CPU build in ``.venv-vllm``, ``vllm`` where a CUDA build is
-installed):
+of ``command`` (default ``vllm`` on PATH, where a CUDA build is installed; ``swiftkv bench serve`` in a checkout
+defaults to ``bin/vllm-env vllm``, the CPU build in ``.venv-vllm``):
 
 - every study runs ``vllm serve`` on 127.0.0.1, one server per variant, all up at once (an idle server takes ~1% of
   a CPU); throughput, kv-limit, sharegpt: ``repeats`` rounds, in each every point's prompts are sent at once to
@@ -53,7 +53,7 @@ class Unavailable(Exception):
 
 @dataclass
 class VllmSettings:
-    command: list[str] = field(default_factory=lambda: ["bin/vllm-env", "vllm"])
+    command: list[str] = field(default_factory=lambda: ["vllm"])  # the vLLM CLI on PATH (the CLI's default differs)
     device: str = "cpu"
     dtype: str = "float32"
     kv_cache_bytes: int | None = 1 << 30  # KV-cache space (CPU: else vLLM reserves a fraction of all RAM)
