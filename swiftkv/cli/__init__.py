@@ -5,7 +5,8 @@ handlers parse options and call the library. Each command imports its heavy depe
 - ``model``: prepare-model, convert, generate, simscore, flops;
 - ``distill``: distill, teacher-cache;
 - ``evaluate``: bigbench, heldout-ppl-task, eval;
-- ``bench``: bench prefill / distill / vllm / serve / sharegpt-requests.
+- ``bench``: bench prefill / distill / distill-memory; ``serving``: bench serve / vllm / served-fidelity /
+  sharegpt-requests.
 
 A command's parser says, in its defaults, what it writes (``output_kind``: a ``dir`` or a ``file``, checked before
 any work; any other kind is checked by the command), whether its model is checked before torch is imported
