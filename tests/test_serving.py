@@ -398,7 +398,8 @@ def test_cli_bench_serve_hf_on_a_config_json(tmp_path, capsys):
 
 def test_report_tables_and_figures(tmp_path):
     from analysis.paper import paper_table
-    from analysis.serving import figure3, figure4, load_results, table3, table_a3
+    from analysis.serving import load_results, table3, table_a3
+    from analysis.serving_figures import figure3, figure4
 
     engine = _vllm(tmp_path, ["base", '{"id": "swiftkv-50", "model": "m-swiftkv", "num_key_value_layers": 2}'])
     hf = _engine(memory=False)

@@ -2,7 +2,8 @@
 import logging
 
 from analysis.paper import paper_table
-from analysis.serving import figure3, load_raw
+from analysis.serving import load_raw
+from analysis.serving_figures import figure3
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)
 measured = load_raw(snakemake.input.raw, snakemake.params.sources)
