@@ -376,6 +376,28 @@ def test_closed_form_kl_equals_autograd_through_kl_sum():
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-6)
 
 
+def test_bf16_head_gradient_is_autocasts_without_an_fp32_copy_of_the_head(monkeypatch):
+    """With a bf16 head under the trainer's autocast, the closed-form gradient is exactly what it was when the loss
+    took an fp32 copy of the head (autocast recast it to bf16): the copy is gone, the numbers are the same."""
+    from swiftkv.distill import losses
+
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False).to(torch.bfloat16)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(300, 16, generator=gen).to(torch.bfloat16))
+    teacher = torch.randn(37, 16, generator=gen)
+    grads = []
+    for through in (losses.grad_through_head, lambda g, w: g @ w.float()):  # now; before (a whole fp32 copy)
+        monkeypatch.setattr(losses, "grad_through_head", through)
+        student = torch.randn(37, 16, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = losses.distill_kl(student, teacher, head, 2.0, chunk_size=10)
+        loss.backward()
+        grads.append((loss.detach(), student.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert grads[0][1].abs().max() > 0
+
+
 def test_eval_every_end_evaluates_before_and_after_only(tmp_path):
     summary = run(tmp_path, settings={"tokens": 600, "eval_every": -1})
     log = [json.loads(x) for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]

@@ -70,8 +70,7 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
                   tokens_per_rank: int) -> dict:
     """Predicted peak bytes per rank, by part: weights (frozen, in their dtype), trainable (fp32 weights, gradients
     and AdamW's two states: 16 bytes each), both divided by the ranks under FSDP; FSDP's gathered working set (two
-    decoder layers and the root's embeddings/head); with bf16 weights the fp32 copy of the LM head the loss's
-    closed-form gradient takes; activations of the student's layers >= l (per token and layer,
+    decoder layers and the root's embeddings/head); activations of the student's layers >= l (per token and layer,
     9h + 4I values stored for backward, or with checkpointing the layer input plus one layer's recompute), the
     boundary/teacher states and one chunk of full-vocabulary logits (fp32: student, teacher, gradient)."""
     h, L, inter, v = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"], shape["vocab_size"]
@@ -89,8 +88,6 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
     else:
         acts = upper * tokens_per_rank * per_token_layer
     parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, tokens_per_rank) * v * 4
-    if dtype_bytes < 4:  # the closed-form KL gradient takes one fp32 copy of a bf16 LM head (swiftkv.distill.losses)
-        parts["head_fp32_copy"] = v * h * 4
     parts["total"] = sum(parts.values())
     return parts
 
