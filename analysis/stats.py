@@ -165,6 +165,16 @@ def median_difference_ci(a, b, settings: BootstrapSettings = BootstrapSettings()
     return Interval(value, *sorted((low, high)))
 
 
+def _seed_rows(a, b):
+    """Per-seed rows of per-example values as 2-D float arrays (one row per seed), ``b`` paired with ``a`` (the same
+    examples per task) or None."""
+    a = [np.atleast_2d(np.asarray(x, dtype=float)) for x in a]
+    b = None if b is None else [np.atleast_2d(np.asarray(x, dtype=float)) for x in b]
+    if b is not None and [x.shape[1] for x in a] != [y.shape[1] for y in b]:
+        raise ValueError("paired rows must hold the same examples per task")
+    return a, b
+
+
 def hierarchical_difference_ci(a: list, b: list | None = None,
                                settings: BootstrapSettings = BootstrapSettings()) -> Interval:
     """Macro mean over tasks of (seed-mean of a) - (seed-mean of b), with an interval that carries both training-seed
@@ -176,10 +186,7 @@ def hierarchical_difference_ci(a: list, b: list | None = None,
     seeds (3) the seed level is coarse and percentile intervals run narrow (too narrow to pool seeds: see
     ``seed_difference_ci``); with one seed it is the paired example bootstrap of a single run (analysis.seeds'
     per-seed rows)."""
-    a = [np.atleast_2d(np.asarray(x, dtype=float)) for x in a]
-    b = None if b is None else [np.atleast_2d(np.asarray(x, dtype=float)) for x in b]
-    if b is not None and [x.shape[1] for x in a] != [y.shape[1] for y in b]:
-        raise ValueError("paired rows must hold the same examples per task")
+    a, b = _seed_rows(a, b)
     if not a or any(x.shape[1] == 0 for x in a):
         return Interval(np.nan, np.nan, np.nan)
 
@@ -226,10 +233,7 @@ def seed_difference_ci(a: list, b: list | None = None, confidence: float = 0.95)
     to 80% as the seed SD grew, and a Welch-Satterthwaite t interval 92% when seeds dominate.
     A row with a single seed contributes no training variance (none can be estimated): such a point is not seeded
     and its claim stays provisional (analysis.evidence)."""
-    a = [np.atleast_2d(np.asarray(x, dtype=float)) for x in a]
-    b = None if b is None else [np.atleast_2d(np.asarray(x, dtype=float)) for x in b]
-    if b is not None and [x.shape[1] for x in a] != [y.shape[1] for y in b]:
-        raise ValueError("paired rows must hold the same examples per task")
+    a, b = _seed_rows(a, b)
     if not a or any(x.shape[1] == 0 for x in a):
         return Interval(np.nan, np.nan, np.nan)
     rows = [a] if b is None else [a, b]
