@@ -215,21 +215,27 @@ DEFAULT_TITLE = ("SwiftKV re-tested in miniature (small embedded models on a CPU
                  "judged by a registered rule")  # the default profile's (rule render_readme reads it from here)
 
 
+def profile_labels(profile: dict, sheet: pd.DataFrame) -> Labels:
+    """A profile's labels (rule render_readme passes its own): the seeds study's model's variants and the budget-
+    scaling study's runs, named from the variants sheet (columns model, variant, label); a profile without a study
+    has no labels for it."""
+    from analysis.scaling import run_labels
+
+    def labels(model: str) -> dict[str, str]:
+        rows = sheet[sheet.model == model]
+        return dict(zip(rows.variant, rows.label))
+
+    seeds, study = profile.get("seeds"), profile.get("budget_scaling")
+    return Labels(labels(seeds["models"][0]) if seeds else {}, run_labels(study, labels(study["model"])) if study else {})
+
+
 def default_labels(repo: str | Path = ".") -> Labels:
     """The default profile's labels (config/config.yaml, config/variants.tsv), as its rules pass them."""
     import yaml
 
-    from analysis.scaling import run_labels
-
     repo = Path(repo)
     profile = yaml.safe_load((repo / "config" / "config.yaml").read_text())
-    sheet = pd.read_csv(repo / profile["distill"]["variants"], sep="\t", keep_default_na=False)
-    model = profile["seeds"]["models"][0]
-    rows = sheet[sheet.model == model]
-    study = profile["budget_scaling"]
-    scaling_rows = sheet[sheet.model == study["model"]]
-    return Labels(dict(zip(rows.variant, rows.label)),
-                  run_labels(study, dict(zip(scaling_rows.variant, scaling_rows.label))))
+    return profile_labels(profile, pd.read_csv(repo / profile["distill"]["variants"], sep="\t", keep_default_na=False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,14 +101,11 @@ REPORT_TITLES = {  # per profile: the page's title, and the markdown page's
 
 
 def readme_labels():
-    """How the markdown page names rows: the seeds study's model's variants, the budget-scaling study's runs."""
-    from analysis.scaling import run_labels
+    """How the markdown page names rows (analysis.readme.profile_labels of this profile and its variants sheet)."""
+    from analysis.readme import profile_labels
 
-    def sheet_labels(model):
-        return {v: VARIANTS.loc[(model, v)].label for m, v in VARIANTS.index if m == model}
-
-    return dict(variant_labels=sheet_labels(SEEDS["models"][0]) if SEEDS else {},
-                scaling_labels=run_labels(SCALING, sheet_labels(SCALING["model"])) if SCALING else {})
+    labels = profile_labels(config, VARIANTS)
+    return dict(variant_labels=labels.variants, scaling_labels=labels.scaling)
 
 
 # The measured numbers in markdown (<root>/README.md), from the same files as the page: GitHub shows them where the
