@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.evidence import EVALUATORS, Evidence, NoEvidence
+from analysis.evidence import Evidence, NoEvidence, evaluators
 from analysis.rules import FAILS, HOLDS, KINDS, Point, Rule, decide, deciding_point, point_verdict, rule_text
 
 REGISTRY = Path(__file__).parent / "claims.yaml"
@@ -223,10 +223,10 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
     scaling = _scaling(reports)
     rows = []
     for claim in load_registry(registry):
-        if claim.id not in EVALUATORS:
+        if claim.id not in evaluators():
             raise RegistryError(f"{registry}: claim {claim.id} has no evaluator in analysis/evidence.py")
         try:
-            ev = EVALUATORS[claim.id](reports)
+            ev = evaluators()[claim.id](reports)
         except NoEvidence as none:
             ev = Evidence([], [none.path], none.why)
         points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \

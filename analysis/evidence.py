@@ -32,6 +32,14 @@ MIN_REPEATS = 5  # interleaved repeats per timed point (registry: "median over >
 EVALUATORS: dict = {}  # claim id -> evaluator(reports) -> Evidence, filled by @evaluates where each is defined
 
 
+def evaluators() -> dict:
+    """Every registered evaluator: this module's and ``analysis.evidence_serving``'s (imported here, not at module
+    level, since that module builds on this one)."""
+    from analysis import evidence_serving  # noqa: F401  (registers the serving claims' evaluators)
+
+    return EVALUATORS
+
+
 def evaluates(claim: str, **bound):
     """Register the decorated function as the evaluator of the registry's claim ``claim`` (analysis/claims.yaml),
     with ``bound`` keyword arguments (one function may judge several claims, e.g. every seeded comparison)."""
@@ -278,6 +286,3 @@ def _prefill_time(reports: Path, skips: tuple[float, ...], min_tokens: int) -> E
         raise NoEvidence(str(root), f"no SwiftKV row at a prompt of >= {min_tokens} tokens in "
                          "reports/raw/forward_time")
     return Evidence(points, [str(root / MANIFEST)])
-
-
-from analysis import evidence_serving  # noqa: E402,F401  (registers the serving claims' evaluators)

@@ -1,5 +1,5 @@
 """The evidence of the serving claims (``analysis/claims.yaml``): the raw results of ``reports/raw/serving/<study>``,
-every point with its interval, registered into ``analysis.evidence.EVALUATORS`` (imported from there)."""
+every point with its interval, registered into ``analysis.evidence.EVALUATORS`` (``analysis.evidence.evaluators()`` imports this module)."""
 
 from __future__ import annotations
 

@@ -92,7 +92,9 @@ def test_every_registered_claim_is_evaluated_on_the_committed_reports():
     import pandas as pd
 
     from analysis.claims import AWAITING, DECIDED, PROVISIONAL, evaluate
-    from analysis.evidence import EVALUATORS
+    from analysis.evidence import evaluators
+
+    EVALUATORS = evaluators()
 
     claims = load_registry()
     assert set(EVALUATORS) == {c.id for c in claims}
@@ -155,7 +157,9 @@ def _b1(tmp_path, deltas):
 
 
 def test_fp8_is_judged_on_every_row(tmp_path):
-    from analysis.evidence import EVALUATORS
+    from analysis.evidence import evaluators
+
+    EVALUATORS = evaluators()
 
     rule = next(c.rule for c in load_registry() if c.id == "fp8-costs-little")
     _b1(tmp_path, [(-0.1, -0.5, 0.3), (0.0, -0.4, 0.4)])
