@@ -13,3 +13,20 @@ class RunFailed(SwiftKVError):
     the status of a failed run, not of a usage error."""
 
     exit_status = 1
+
+
+def print_error(message: str) -> None:
+    """``message`` as one line on stderr in a single write: the ranks of a launch share the stream, and a line written
+    in pieces (text, then its newline) can run into another rank's."""
+    import io
+    import os
+    import sys
+
+    line = f"error: {message}\n"
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a captured stream (tests): one write call
+        sys.stderr.write(line)
+        return
+    sys.stderr.flush()
+    os.write(fd, line.encode(errors="replace"))

@@ -4,7 +4,8 @@
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
 fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``, ``teacher_cache``,
 ``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked), ``poison`` ([rank, step]: a NaN
-in that rank's shard of a trainable weight before the weight check at that step). Errors are reported the
+in that rank's shard of a trainable weight before the weight check at that step), ``late`` ([rank, seconds]: that
+rank starts the run that much after the others, as a loaded machine makes it). Errors are reported the
 way the CLI reports them (one line, exit status 1 or 2)."""
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ def run(spec: dict) -> int:
     from swiftkv.cli.distill import one_line_rank_failures
     from swiftkv.distill import DistillSettings, Interrupted, train
     from swiftkv.distill.guards import DivergenceGuard
-    from swiftkv.errors import SwiftKVError
+    from swiftkv.errors import SwiftKVError, print_error
     from tests.conftest import tiny_base, tiny_conversations, tiny_tokenizer
 
     torch.set_num_threads(1)
+    if spec.get("late") and int(os.environ["RANK"]) == spec["late"][0]:
+        import time
+
+        time.sleep(spec["late"][1])
     if spec.get("kill") and int(os.environ["RANK"]) == spec["kill"][0]:
         check_step = DivergenceGuard.check_step
 
@@ -67,7 +72,7 @@ def run(spec: dict) -> int:
     except Interrupted:
         return 3
     except SwiftKVError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(str(err))
         return getattr(err, "exit_status", 2)
     return 0
 

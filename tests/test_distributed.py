@@ -86,7 +86,8 @@ def two_ranks(tmp_path_factory):
         {"output": str(root / "ddp"), "strategy": "ddp", "settings": SETTINGS},
         {"output": str(root / "fsdp"), "strategy": "fsdp", "settings": SETTINGS},
         {"output": str(root / "fsdp-odd"), "strategy": "fsdp", "settings": ODD, "gradient_checkpointing": True},
-        {"output": str(root / "wsd"), "strategy": "fsdp", "settings": WSD},
+        {"output": str(root / "wsd"), "strategy": "fsdp", "settings": WSD, "late": [1, 3]},  # rank 1 checks its
+        # outputs after rank 0 has built the model and packed the data: rank 0 must not have written them yet
         {"output": str(root / "resumed"), "strategy": "fsdp", "settings": SETTINGS, "interrupt_after": 5},
         {"output": str(root / "resumed"), "strategy": "fsdp", "settings": SETTINGS, "resume": True},
         {"output": str(root / "wsd-resumed"), "strategy": "ddp", "settings": WSD, "interrupt_after": 5},

@@ -23,7 +23,7 @@ import sys
 
 from swiftkv.cli import bench, distill, evaluate, model
 from swiftkv.cli.options import Parser
-from swiftkv.errors import SwiftKVError
+from swiftkv.errors import SwiftKVError, print_error
 
 
 def command_inputs(args) -> list[str]:
@@ -135,11 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         check_inputs(args)
         args.func(args)
     except SwiftKVError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print_error(str(err))
         return getattr(err, "exit_status", 2)
     except OSError as err:  # a missing input, an unwritable place, a full disk: one line, not a traceback
         where = f": {err.filename}" if err.filename else ""
-        print(f"error: {err.strerror or err}{where}", file=sys.stderr)
+        print_error(f"{err.strerror or err}{where}")
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

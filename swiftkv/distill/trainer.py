@@ -72,6 +72,7 @@ class Distillation(BudgetReads):
         self.fingerprint = settings.fingerprint(options.model_name)
         cpu, self.frozen, self.mixed_precision = choose_precision(base_model, options.cpu, options.mixed_precision)
         self.par = Parallel.start(options.strategy, cpu=cpu, expect_processes=options.processes)
+        self.par.barrier()  # every rank has checked the outputs before rank 0 writes into them (runs in one launch)
         self.par.check_batch_size(settings.batch_size)
         self.main = self.par.main
         torch.manual_seed(settings.seed)
