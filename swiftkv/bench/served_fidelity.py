@@ -118,12 +118,14 @@ def hf_greedy(model, prompts: list[list[int]], new_tokens: int, eos_id) -> list[
     return out
 
 
-def compare(model, prompts: list[list[int]], reference: list[list[int]], run: dict, k: int) -> list[dict]:
-    """One row per prompt: the three measures of one served configuration against the transformers ``model``."""
+def compare(model, prompts: list[list[int]], reference: list[list[int]], run: dict, k: int,
+            scores: list[tuple[list, list]] | None = None) -> list[dict]:
+    """One row per prompt: the three measures of one served configuration against the transformers ``model``
+    (``scores``: its ``continuation_scores`` on the run's tokens, if already computed)."""
     rows = []
     for i, (prompt, want, got, steps) in enumerate(zip(prompts, reference, run["token_ids"], run["logprobs"],
                                                        strict=True)):
-        lps, tops = continuation_scores(model, prompt, got, k)
+        lps, tops = scores[i] if scores is not None else continuation_scores(model, prompt, got, k)
         diffs = [abs(s["logprob"] - lp) for s, lp in zip(steps, lps, strict=True)]
         overlaps = [len({t for t, _ in s["top"][:k]} & set(top)) / k for s, top in zip(steps, tops, strict=True)]
         rows.append({"prompt": i, "prompt_tokens": len(prompt), "hf_tokens": len(want), "vllm_tokens": len(got),
