@@ -4,12 +4,13 @@ vLLM pins its own torch and transformers, so it never runs in this process: ever
 of ``command`` (default ``vllm`` on PATH, where a CUDA build is installed; ``swiftkv bench serve`` in a checkout
 defaults to ``bin/vllm-env vllm``, the CPU build in ``.venv-vllm``):
 
-- every study runs ``vllm serve`` on 127.0.0.1, one server per variant, all up at once (an idle server takes ~1% of
-  a CPU); throughput, kv-limit, sharegpt: ``repeats`` rounds, in each every point's prompts are sent at once to
+- throughput, kv-limit, sharegpt: one ``vllm serve`` per variant on 127.0.0.1, all started together and up at once
+  (an idle server takes ~1% of a CPU), then ``repeats`` rounds, in each every point's prompts are sent at once to
   every variant's server in turn (``vllm bench serve --request-rate inf``), so rounds interleave variants and
   start-up (~40 s a server here) is paid once per variant, not once per run; kv-limit: one set of servers per
   limit (the cache size is the server's);
-- latency: ``vllm bench serve --request-rate R`` for each rate, per-request TTFT and TPOT kept (``--save-detailed``).
+- latency: ``vllm bench serve --request-rate R`` for each rate, per-request TTFT and TPOT kept (``--save-detailed``;
+  ``swiftkv.bench.serving.vllm_latency``).
 
 Every subprocess gets its own process group and is told to die with this process; the group is terminated in a
 ``finally`` (SIGTERM, then SIGKILL), and SIGTERM to this process runs those ``finally`` blocks, so a failed or
@@ -40,6 +41,7 @@ from tqdm.auto import tqdm
 from swiftkv.bench.serving.predict import predicted_speedup
 from swiftkv.bench.serving.processes import cpu_list, free_port, process_group, tail
 from swiftkv.bench.serving.variants import VariantSpec, reference_of
+from swiftkv.bench.serving.vllm_latency import LatencyStudy
 from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
 from swiftkv.errors import SwiftKVError
@@ -83,7 +85,7 @@ def _model_config(model: str):
         return None
 
 
-class VllmEngine:
+class VllmEngine(LatencyStudy):
     """Runs the studies through the vLLM CLI; one result row per (point, variant)."""
 
     name = "vllm"
@@ -223,10 +225,12 @@ class VllmEngine:
         results: dict[str, dict[str, list[dict] | str]] = {point: {n: [] for n in names} for point, _, _ in points}
         with contextlib.ExitStack() as stack:
             urls, capacity = {}, {}
+            # all launched before any is waited for: their start-ups (imports, mostly one core each) overlap
+            started = {name: self._start_server(stack, self.specs[name], max_model_len, f"{tag}/{name}", kv_bytes)
+                       for name in names}
             for name in names:
                 try:
-                    urls[name] = stack.enter_context(self.server(self.specs[name], max_model_len, f"{tag}/{name}",
-                                                                 kv_bytes))
+                    urls[name] = self._ready(*started[name])
                 except RuntimeError as err:
                     logger.error("%s", err)
                     for point in results:
@@ -343,88 +347,34 @@ class VllmEngine:
     def server(self, spec: VariantSpec, max_model_len: int, tag: str, kv_bytes: int | None = None):
         """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL. ``kv_bytes``: its KV
         cache (default: the settings')."""
+        with contextlib.ExitStack() as stack:
+            yield self._ready(*self._start_server(stack, spec, max_model_len, tag, kv_bytes))
+
+    def _start_server(self, stack: contextlib.ExitStack, spec: VariantSpec, max_model_len: int, tag: str,
+                      kv_bytes: int | None = None) -> tuple:
+        """Launch ``vllm serve`` (its process group ends with ``stack``) without waiting for it: (process, URL, log)."""
         port = free_port()
         cmd = [*self.settings.command, "serve", self.model_of(spec), "--host", "127.0.0.1", "--port", str(port),
                *self.engine_args(spec, max_model_len, kv_bytes or self.settings.kv_cache_bytes)]
         log = self._server_log(tag)
-        with process_group(cmd, self.env(spec), log) as proc:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + self.settings.startup_timeout_s
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"vllm serve exited ({proc.returncode}) before it was ready; log: {log}: "
-                                       f"{tail(log, 1, 'Error')}")
-                with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
-                    if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"vllm serve was not ready after {self.settings.startup_timeout_s:.0f} s; log: {log}")
-                time.sleep(2)
-            self._note_version(log)
-            yield url
+        return stack.enter_context(process_group(cmd, self.env(spec), log)), f"http://127.0.0.1:{port}", log
 
-    def latency(self, input_len: int, output_len: int, num_requests: int, rates: list[float]) -> list[dict]:
-        max_len = self._len(input_len + output_len)
-        raw: dict[str, dict[float, dict] | str] = {}
-        for name, spec in self.specs.items():
-            if name in self.skipped:
-                continue
-            raw[name] = {}
-            try:
-                with self.server(spec, max_len, f"latency/{name}") as url:
-                    for rate in rates:
-                        raw[name][rate] = self._bench_serve(spec, url, input_len, output_len, num_requests, rate,
-                                                            f"latency/{name}/rate{rate}")
-            except RuntimeError as err:
-                logger.error("%s", err)
-                raw[name] = str(err)
-        rows = []
-        for rate in rates:
-            point = []
-            for name, spec in self.specs.items():
-                row = {"variant": name, "label": spec.label or name, "request_rate": rate, "input_len": input_len,
-                       "output_len": output_len, "num_requests": num_requests,
-                       "num_key_value_layers": spec.num_key_value_layers}
-                res = raw.get(name)
-                if name in self.skipped or isinstance(res, str):
-                    row.update(status="not_measured", reason=self.skipped.get(name) or res)
-                else:
-                    r = res[rate]
-                    row.update({k: r.get(k) for k in ("median_ttft_ms", "mean_ttft_ms", "p90_ttft_ms",
-                                                      "median_tpot_ms", "mean_tpot_ms", "p90_tpot_ms",
-                                                      "median_e2el_ms", "duration", "completed", "failed")})
-                    row["throughput_tok_s"] = r.get("total_token_throughput")
-                    row["duration_s"] = row.pop("duration")
-                    row.update(per_request_latency(r))
-                point.append(row)
-            ref = next((p for p in point if p["variant"] == self.reference and p.get("median_ttft_ms")), None)
-            for r in point:
-                for m in ("ttft", "tpot"):
-                    ok = ref and r.get(f"median_{m}_ms")
-                    r[f"{m}_speedup"] = ref[f"median_{m}_ms"] / r[f"median_{m}_ms"] if ok else None
-            rows += point
-        return rows
-
-    def _bench_serve(self, spec, url, input_len, output_len, num_requests, rate, tag) -> dict:
-        out = self.workdir / f"{tag}.json"
-        cmd = [*self.settings.command, "bench", "serve", "--backend", "vllm", "--base-url", url,
-               "--model", self.model_of(spec), "--dataset-name", "random", "--random-input-len", str(input_len),
-               "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
-               "--num-prompts", str(num_requests), "--request-rate", str(rate), "--seed", str(self.settings.seed),
-               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-               "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name]
-        if self.settings.warmup:
-            cmd += ["--num-warmups", str(self.settings.warmup)]
-        self._run(cmd, spec, tag)
-        return json.loads(out.read_text())
-
-
-def per_request_latency(result: dict) -> dict:
-    """Per request, in the benchmark's request order, from a ``vllm bench serve --save-detailed`` result: TTFT and
-    TPOT (the mean gap between output tokens) in ms; empty lists where the result has no per-request detail."""
-    ttfts, itls = result.get("ttfts") or [], result.get("itls") or []
-    return {"ttft_ms": [round(t * 1e3, 3) for t in ttfts],
-            "tpot_ms": [round(statistics.mean(gaps) * 1e3, 3) if gaps else None for gaps in itls]}
+    def _ready(self, proc, url: str, log: Path) -> str:
+        """Wait until a launched server answers /health; its URL (RuntimeError with the log's line if it exits or
+        times out)."""
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({proc.returncode}) before it was ready; log: {log}: "
+                                   f"{tail(log, 1, 'Error')}")
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+                if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve was not ready after {self.settings.startup_timeout_s:.0f} s; log: {log}")
+            time.sleep(2)
+        self._note_version(log)
+        return url
 
 
 def settings_dict(settings: VllmSettings) -> dict:
