@@ -176,10 +176,11 @@ def _fmt(v: float) -> str:
 
 def evidence_commit(path: str | Path, commits: dict[str, str], default: str) -> str:
     """The commit(s) that computed one evidence file: ``commits`` by file name where given (``seeds.csv``); else what
-    its raw folder records (``analysis.raw.computed_at``: each file's own commit where recorded, else the folder's
-    ``collected_at``; several joined by commas) — the folder itself for a manifest, or the raw folder a table is
+    its raw folder records (``analysis.raw_summary.computed_at``: each file's own commit where recorded, else the
+    folder's ``collected_at``; several joined by commas) — the folder itself for a manifest, or the raw folder a table is
     rendered from (``analysis.raw.TABLE_RAW``); else ``default``."""
-    from analysis.raw import MANIFEST, TABLE_RAW, computed_at
+    from analysis.raw import MANIFEST, TABLE_RAW
+    from analysis.raw_summary import computed_at
 
     path = Path(path)
     if path.name in commits:

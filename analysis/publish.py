@@ -31,10 +31,10 @@ from analysis.raw import (
     RUN,
     RawError,
     evidence_digests,
-    folders,
     read_manifest,
     verify,
 )
+from analysis.raw_summary import folders
 
 RENDER = [f"{COMMITTED}/report.html"]  # every table, figure and the claims of reports/ are inputs of the page
 PROVENANCE = "provenance.json"
@@ -108,8 +108,8 @@ def publish(studies: list[str], repo: str | Path = ".") -> list[str]:
 def write_provenance(repo: Path, published: list[str]) -> None:
     """reports/provenance.json: the published run's record (its results/reports/provenance.json: commit, date, host,
     versions, job times; else this host's now), what was published at which commit, and every committed raw folder's
-    commits (analysis.raw.summary)."""
-    from analysis.raw import summary
+    commits (analysis.raw_summary.summary)."""
+    from analysis.raw_summary import summary
     from swiftkv.bench.provenance import provenance
     from swiftkv.io import write_json
     from swiftkv.provenance import git_commit

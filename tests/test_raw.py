@@ -15,17 +15,14 @@ from analysis.raw import (
     MANIFEST,
     RawError,
     collect,
-    computed_at,
-    dirty_mark,
     evidence_sha256,
-    layout_problems,
     main,
     raw_path,
     restore,
-    summary,
     uncommitted,
     verify,
 )
+from analysis.raw_summary import computed_at, dirty_mark, layout_problems, summary
 
 REPO = Path(__file__).resolve().parents[1]
 

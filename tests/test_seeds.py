@@ -204,7 +204,7 @@ def test_raw_folder_records_and_checks_every_file(tmp_path, monkeypatch):
     manifest = collect([str(run / "lm_eval.json"), str(run / "fidelity.json")], dest, "abc", "c0ffee")
     assert raw_path(dest, run / "lm_eval.json").read_text() == "{}" and (dest / MANIFEST).is_file()
     assert manifest["collected_at"] == "c0ffee" and len(manifest["files"]) == 2 and verify(dest) == []
-    from analysis.raw import summary  # what provenance.json lists per raw folder of a reports directory
+    from analysis.raw_summary import summary  # what provenance.json lists per raw folder of a reports directory
 
     collect([str(run / "fidelity.json")], tmp_path / "reports" / "raw" / "study", "abc", "c0ffee")
     assert summary(tmp_path / "reports") == {"study": {"collected at": "c0ffee", "config hash": "abc", "files": 1}}

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from swiftkv.errors import SwiftKVError
+from swiftkv.io.layouts import could_be_ours, same_layout
 
 MARKER = ".swiftkv-output.json"
 LEGACY_MARKERS = ("swiftkv-source.json", "distill.json")  # outputs written before the marker existed
-_SAME_FIRST_LINE = {".csv", ".tsv", ".md", ".yaml", ".yml"}
 # The kind of a directory output, from the first words of its description (``what``), for this version's markers and
 # earlier ones alike. Outputs of different kinds never replace each other without ``overwrite``.
 KINDS = (
@@ -63,7 +63,6 @@ KINDS = (
 )
 # Set by the command line (``swiftkv.cli.main``): the command recorded in the markers it writes.
 COMMAND: str | None = None
-_IMAGE_MAGIC = {".png": b"\x89PNG", ".pdf": b"%PDF", ".svg": b"<"}
 
 
 class OutputRefused(SwiftKVError):
@@ -259,59 +258,10 @@ def check_output_file(path: str | os.PathLike, overwrite: bool = False, inputs=(
     check_not_input(path, inputs, new_inside_ok=True)
     if path.is_dir():
         raise OutputRefused(f"{path} is a directory; give a file path for this output")
-    if path.exists() and not overwrite and not _could_be_ours(path):
+    if path.exists() and not overwrite and not could_be_ours(path):
         raise OutputRefused(f"{path} exists and is not a swiftkv {path.suffix or 'output'} file; choose another "
                             "output path, or pass --overwrite to replace it")
     return path
-
-
-def _could_be_ours(path: Path) -> bool:
-    """Before the new output exists: could ``path`` have been written by us (right format for its suffix)?"""
-    if path.stat().st_size == 0:
-        return True
-    suffix = path.suffix.lower()
-    try:
-        head = path.open("rb").read(1 << 16)
-        if suffix in _IMAGE_MAGIC:
-            return head.startswith(_IMAGE_MAGIC[suffix])
-        text = head.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    if suffix == ".json":
-        try:
-            return isinstance(json.loads(path.read_text()), (dict, list))
-        except (ValueError, OSError):
-            return False
-    return suffix in _SAME_FIRST_LINE | {".jsonl", ".txt", ".html"} and "\x00" not in text
-
-
-def _same_layout(existing: Path, new: Path) -> bool:
-    """After the new output exists: does the existing file look like an earlier version of it?"""
-    if existing.stat().st_size == 0:
-        return True
-    suffix = existing.suffix.lower()
-    try:
-        if suffix in _IMAGE_MAGIC:
-            return existing.open("rb").read(8)[:4] == new.open("rb").read(8)[:4]
-        if suffix in (".json", ".jsonl"):
-            def first(p: Path) -> Any:
-                text = p.read_text()
-                return json.loads(text.splitlines()[0] if suffix == ".jsonl" and text else text)
-
-            old, cur = first(existing), first(new)
-            if isinstance(old, dict) and isinstance(cur, dict):
-                shared = len(set(old) & set(cur))
-                return shared >= 1 and 2 * shared >= len(old)
-            return isinstance(old, list) and isinstance(cur, list)
-        if suffix in _SAME_FIRST_LINE:
-            def line(p: Path) -> str:
-                with p.open() as f:
-                    return f.readline()
-
-            return line(existing) == line(new)
-        return existing.read_bytes() == new.read_bytes()
-    except (OSError, ValueError, UnicodeDecodeError, IndexError):
-        return False
 
 
 def _free_sibling(path: Path, tag: str) -> Path:
@@ -357,7 +307,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "", overwrite: bool = Fal
         yield tmp
         _fix_modes(tmp)
         check_output_file(path, overwrite)  # again: the file system may have changed while we worked
-        if path.exists() and not overwrite and not _same_layout(path, tmp):
+        if path.exists() and not overwrite and not same_layout(path, tmp):
             kept = _free_sibling(path, "swiftkv-new")
             os.replace(tmp, kept)
             raise OutputRefused(f"{path} exists and is not an earlier swiftkv output of this kind; left it untouched "

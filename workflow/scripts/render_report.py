@@ -10,7 +10,7 @@ import pandas as pd
 from analysis import disagreements
 from analysis.claims import load_registry
 from analysis.io import read_json
-from analysis.raw import summary, summary_line
+from analysis.raw_summary import summary, summary_line
 from analysis.report import Section, fill_caption, render_html, seed_summary
 from swiftkv.io import write_text
 

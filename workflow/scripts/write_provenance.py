@@ -6,7 +6,7 @@ sys.stderr = open(snakemake.log[0], "w")  # noqa: F821
 
 from pathlib import Path  # noqa: E402
 
-from analysis.raw import summary  # noqa: E402
+from analysis.raw_summary import summary  # noqa: E402
 from swiftkv.bench.provenance import artifact_dates, provenance  # noqa: E402
 from swiftkv.io import write_json  # noqa: E402
 
