@@ -2,7 +2,8 @@
 
 ``python -m tests.distributed_worker SPECS`` with SPECS a JSON list of runs, done one after the other in the same
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
-fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``, ``teacher_cache``,
+fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``,
+``micro_batch_size``, ``teacher_cache``,
 ``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked), ``poison`` ([rank, step]: a NaN
 in that rank's shard of a trainable weight before the weight check at that step), ``late`` ([rank, seconds]: that
 rank starts the run that much after the others, as a loaded machine makes it). Errors are reported the
@@ -68,7 +69,8 @@ def run(spec: dict) -> int:
                   progress=False, mixed_precision="no",
                   strategy=spec.get("strategy"), processes=spec.get("processes"), resume=spec.get("resume", False),
                   interrupt_after=spec.get("interrupt_after"),
-                  gradient_checkpointing=spec.get("gradient_checkpointing", False))
+                  gradient_checkpointing=spec.get("gradient_checkpointing", False),
+                  micro_batch_size=spec.get("micro_batch_size"))
     except Interrupted:
         return 3
     except SwiftKVError as err:

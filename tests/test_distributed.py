@@ -77,8 +77,15 @@ def two_ranks(tmp_path_factory):
     """The 2-rank runs (one launch) and their outputs' folder."""
     from tests.test_teacher_cache import build
 
+    from swiftkv.distill import Interrupted
+
     root = tmp_path_factory.mktemp("ranks")
     build(root / "teacher-cache")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.raises(Interrupted):  # one process stops after step 5 (checkpoint of step 4); 2 ranks resume it below
+        one_process(root / "one-then-two", SETTINGS, interrupt_after=5)
+    torch.set_num_threads(threads)
     specs = [
         {"output": str(root / "full"), "strategy": "fsdp", "settings": FULL},
         {"output": str(root / "cached"), "strategy": "fsdp", "settings": CACHED,
@@ -86,12 +93,16 @@ def two_ranks(tmp_path_factory):
         {"output": str(root / "ddp"), "strategy": "ddp", "settings": SETTINGS},
         {"output": str(root / "fsdp"), "strategy": "fsdp", "settings": SETTINGS},
         {"output": str(root / "fsdp-odd"), "strategy": "fsdp", "settings": ODD, "gradient_checkpointing": True},
+        {"output": str(root / "fsdp-micro"), "strategy": "fsdp", "settings": ODD, "micro_batch_size": 1},
+        {"output": str(root / "ddp-micro"), "strategy": "ddp", "settings": ODD, "micro_batch_size": 1},
         {"output": str(root / "wsd"), "strategy": "fsdp", "settings": WSD, "late": [1, 3]},  # rank 1 checks its
         # outputs after rank 0 has built the model and packed the data: rank 0 must not have written them yet
         {"output": str(root / "resumed"), "strategy": "fsdp", "settings": SETTINGS, "interrupt_after": 5},
         {"output": str(root / "resumed"), "strategy": "fsdp", "settings": SETTINGS, "resume": True},
         {"output": str(root / "wsd-resumed"), "strategy": "ddp", "settings": WSD, "interrupt_after": 5},
         {"output": str(root / "wsd-resumed"), "strategy": "ddp", "settings": WSD, "resume": True},
+        {"output": str(root / "one-then-two"), "strategy": "fsdp", "settings": SETTINGS, "resume": True},
+        {"output": str(root / "two-then-one"), "strategy": "fsdp", "settings": SETTINGS, "interrupt_after": 5},
     ]
     done = launch(specs)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -155,6 +166,36 @@ def test_a_short_last_batch_trains_the_budget_exactly(two_ranks, single):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_micro_batches_on_two_ranks_train_the_one_process_student(two_ranks, single, strategy):
+    """Global batches of 4 rows, one row per forward on each rank (two micro-batches, gradients reduced once), and a
+    short last batch where one rank runs an empty micro-batch: the one-process student of whole batches."""
+    assert_same_student(single / "odd", two_ranks / f"{strategy}-micro")
+    s = summary(two_ranks / f"{strategy}-micro")
+    assert s["train_tokens"] == 1200 and s["micro_batch_size"] == 1 and s["strategy"] == strategy
+
+
+@pytest.mark.slow
+def test_micro_batches_in_one_process_train_the_whole_batch_student(single, tmp_path):
+    one_process(tmp_path / "micro", ODD, micro_batch_size=3)  # rows 3 + 1 of each global batch of 4
+    assert_same_student(single / "odd", tmp_path / "micro")
+    log = [json.loads(x) for x in (tmp_path / "micro" / "train_log.jsonl").read_text().splitlines()]
+    whole = [json.loads(x) for x in (single / "odd" / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if r["event"] == "train"]
+    assert losses == pytest.approx([r["loss"] for r in whole if r["event"] == "train"], rel=1e-5)
+
+
+def test_micro_batches_are_as_many_on_every_rank():
+    rows = list("abcde")
+    assert [Parallel(rank=r, world=2).local_micro_batches(rows, 2) for r in range(2)] == [[["a", "b"], ["c"]],
+                                                                                       [["d", "e"], []]]
+    assert Parallel().local_micro_batches(rows) == [rows] and Parallel().local_micro_batches(rows, 4) == [
+        ["a", "b", "c", "d"], ["e"]]
+    assert [Parallel(rank=r, world=4).local_micro_batches(rows[:3], 1) for r in range(4)] == [[["a"]], [["b"]],
+                                                                                          [["c"]], [[]]]
+
+
+@pytest.mark.slow
 def test_wsd_budget_reads_under_two_ranks_equal_one_process(two_ranks, single):
     assert_same_student(single / "wsd", two_ranks / "wsd")
     a, b = summary(single / "wsd")["budget_reads"], summary(two_ranks / "wsd")["budget_reads"]
@@ -170,6 +211,18 @@ def test_resume_under_two_ranks_ends_at_the_one_process_student(two_ranks, singl
     log = [json.loads(x) for x in (two_ranks / name / "train_log.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in log if r["event"] == "train" and "branch" not in r]
     assert steps == sorted(set(steps)) and steps[0] == 1  # no step twice
+
+
+@pytest.mark.slow
+def test_resume_under_another_rank_count_ends_at_the_one_process_student(two_ranks, single):
+    """Checkpoints hold whole tensors: a run stopped in one process resumes under 2 FSDP ranks, and one stopped
+    under 2 FSDP ranks resumes in one process; both end at the uninterrupted one-process student."""
+    one_process(two_ranks / "two-then-one", SETTINGS, resume=True)
+    for name in ("one-then-two", "two-then-one"):
+        assert_same_student(single / "cosine", two_ranks / name)
+        log = [json.loads(x) for x in (two_ranks / name / "train_log.jsonl").read_text().splitlines()]
+        steps = [r["step"] for r in log if r["event"] == "train"]
+        assert steps == sorted(set(steps)) and steps[0] == 1, name
 
 
 @pytest.mark.slow

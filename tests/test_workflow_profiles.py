@@ -127,6 +127,7 @@ def test_the_paper_dag_under_each_profile(name):
     expected = GPUS.get(name, 8)
     for job in distill:
         assert num_processes(job) == int(job.resources["gpu"]) == expected, (job.rule, job.shell)
+        assert " --micro-batch-size 1 " in job.shell  # the paper's 8-row step on any number of GPUs
     if name in GPUS:
         assert max(int(j.resources.get("gpu", 0)) for j in jobs) == GPUS[name]
     else:
@@ -176,7 +177,7 @@ def test_the_default_profile_asks_for_no_gpu_and_runs_as_before():
         assert {int(j.resources.get("gpu", 0)) for j in jobs} == {0}
         distill = [j.shell for j in jobs if j.rule.startswith("distill_")]
         assert distill and all(s.startswith("swiftkv distill ") for s in distill)
-        assert not any("--num_processes" in s or "--strategy" in s for s in distill)
+        assert not any("--num_processes" in s or "--strategy" in s or "--micro-batch-size" in s for s in distill)
         assert counts(jobs)["setup_vllm_cpu"] == 1 and "record_vllm_gpu" not in counts(jobs)
 
 

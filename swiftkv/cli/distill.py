@@ -120,7 +120,7 @@ def cmd_distill(args) -> None:
                         extra_summary={"variant": args.name or args.variant, "source_report": source},
                         overwrite=args.overwrite, teacher_cache=cache, save_at=dict(args.save_at or []),
                         log_only=args.log_only, strategy=args.strategy, processes=args.processes,
-                        gradient_checkpointing=args.gradient_checkpointing)
+                        gradient_checkpointing=args.gradient_checkpointing, micro_batch_size=args.micro_batch_size)
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -231,6 +231,9 @@ def add_parsers(sub) -> None:
                    "$SWIFTKV_EXPECT_WORLD_SIZE): catches a launcher that silently starts fewer")
     g.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute the student's layers >= l in backward instead of keeping their activations")
+    g.add_argument("--micro-batch-size", type=positive_int,
+                   help="rows per forward pass on each process, gradients accumulated over the step (default: all of "
+                   "a process's share of --batch-size at once); the same step, less activation memory")
     g.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"],
                    help="autocast (default: bf16 where the hardware is fast at it, else none)")
     g.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")

@@ -7,6 +7,8 @@ The launcher (torchrun, ``accelerate launch``, or none) starts the processes and
 - ``--batch-size`` is the global batch (rows per optimizer step over all ranks): rank r trains rows
   ``[r * B/W, (r + 1) * B/W)`` of each global batch; a rank whose share of a short last batch is empty runs one row
   with no counted position (its gradient is zero), so every rank runs the same collectives;
+- ``--micro-batch-size`` m: a rank runs its rows m at a time, accumulating gradients (reduced over the ranks once,
+  after its last micro-batch); the step, its loss and its gradient are those of the whole global batch;
 - each rank's loss is divided by the global batch's counted positions and multiplied by W, so the averaged
   gradient (DDP's all-reduce, FSDP's reduce-scatter) is the single-process gradient of the same global batch.
 
@@ -20,6 +22,7 @@ parameters are fp32 whatever ``--dtype`` holds the frozen ones in; so are AdamW'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -144,6 +147,31 @@ class Parallel:
             return rows
         per = -(-len(rows) // self.world)
         return rows[self.rank * per:(self.rank + 1) * per]
+
+    def local_micro_batches(self, rows: list, micro: int | None = None) -> list[list]:
+        """This rank's share of a global batch's ``rows`` in micro-batches of at most ``micro`` rows (None: one
+        micro-batch), as many on every rank (each forward under FSDP is a collective): a rank short of rows gets
+        empty ones, run as one row that counts nothing."""
+        per = -(-len(rows) // self.world)
+        size = micro or per
+        mine = self.local_rows(rows)
+        return [mine[i * size:(i + 1) * size] for i in range(max(1, -(-per // size)))]
+
+    @contextlib.contextmanager
+    def gradient_sync(self, model: nn.Module, sync: bool):
+        """Backward passes in this block reduce the gradients over the ranks only if ``sync`` (the last micro-batch of
+        a step; the others accumulate locally): DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``."""
+        if sync or self.world == 1 or self.strategy == "none":
+            yield
+        elif self.strategy == "ddp":
+            with model.no_sync():
+                yield
+        else:
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
 
     # -- the model ------------------------------------------------------------------------------------------
 

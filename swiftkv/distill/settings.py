@@ -45,7 +45,7 @@ class DistillSettings:
     tokens: int = 100_000  # training token budget per epoch (real tokens, padding excluded); 0 = all the data
     epochs: int = 1  # passes over the packed budget (the paper: 2), pack order reshuffled each epoch
     max_length: int = 2048
-    batch_size: int = 1  # packs per step (per process)
+    batch_size: int = 1  # packed rows per optimizer step over all processes (the global batch)
     seed: int = 0
     data: str = "sharegpt"  # sharegpt (embedded) | hub (the paper's three datasets)
     chunk_size: int = 1024  # positions per chunk of full-vocabulary logits

@@ -55,6 +55,7 @@ class RunOptions:
     strategy: str | None = None
     processes: int | None = None
     gradient_checkpointing: bool = False
+    micro_batch_size: int | None = None  # rows per forward on each rank, gradients accumulated (None: all at once)
 
 
 class Distillation(BudgetReads):
@@ -166,15 +167,18 @@ class Distillation(BudgetReads):
         return cached_batch(self.cache, split, packs, rows, self.settings.num_key_value_layers, self.pad_id,
                             self.dtype, self.pre_last)
 
-    def step_batch(self, j: int) -> dict:
-        """This rank's rows of global batch ``j`` (a rank left without rows runs one whose positions all count 0)."""
+    def step_batch(self, j: int) -> list[dict]:
+        """This rank's rows of global batch ``j`` in its micro-batches (``RunOptions.micro_batch_size``; a rank left
+        without rows for one runs a row whose positions all count 0)."""
         rows = self.train_items[j * self.bs:(j + 1) * self.bs]
-        mine = self.par.local_rows(rows)
-        batch = self.collate("train", mine or rows[:1])
-        if not mine:
-            batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
-            batch["labels"] = torch.full_like(batch["labels"], -100)
-        return {k: v.to(self.par.device) for k, v in batch.items()}
+        out = []
+        for mine in self.par.local_micro_batches(rows, self.options.micro_batch_size):
+            batch = self.collate("train", mine or rows[:1])
+            if not mine:
+                batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+                batch["labels"] = torch.full_like(batch["labels"], -100)
+            out.append({k: v.to(self.par.device) for k, v in batch.items()})
+        return out
 
     def autocast(self, evaluation: bool = False):
         """Training steps run under the run's autocast; evaluations only where they must (frozen weights held in
@@ -192,8 +196,9 @@ class Distillation(BudgetReads):
 
     # -- one optimizer step -----------------------------------------------------------------------------------------
 
-    def train_step(self, batch: dict, lr: float | None = None, at: int = 0) -> tuple[float, int, float, float]:
-        """Optimizer step ``at`` at the scheduler's lr (or at ``lr``): (loss, tokens, seconds, lr used)."""
+    def train_step(self, batches: list[dict], lr: float | None = None, at: int = 0) -> tuple[float, int, float, float]:
+        """Optimizer step ``at`` on this rank's micro-batches of one global batch, at the scheduler's lr (or at ``lr``):
+        (loss, tokens, seconds, lr used)."""
         from swiftkv.distill.parallel import clip_grad_norm
 
         settings, par, optimizer, scaler = self.settings, self.par, self.optimizer, self.scaler
@@ -201,17 +206,22 @@ class Distillation(BudgetReads):
         if lr is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lr
-        counted = None  # one process: compute_loss's own count; N: the global batch's, and the loss times N
-        if par.world > 1:
-            every = batch["labels"] >= 0 if settings.loss == "lm" else batch["loss_mask"]
-            counted = par.sum(every.sum()).clamp(min=1)
-        with self.autocast():
-            out = self.pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"), batch.get("teacher"),
-                            batch.get("teacher_pre_last"))
-            loss = compute_loss(out, batch, self.head, settings, counted)
-        if par.world > 1:  # DDP and FSDP average the ranks' gradients: each rank's share of the sum, times N
-            loss = loss * par.world
-        (scaler.scale(loss) if scaler else loss).backward()
+        counted = None  # one process, one micro-batch: compute_loss's own count; else the global batch's
+        if par.world > 1 or len(batches) > 1:
+            every = [b["labels"] >= 0 if settings.loss == "lm" else b["loss_mask"] for b in batches]
+            counted = par.sum(sum(e.sum() for e in every)).clamp(min=1)
+        loss = 0.0
+        for i, batch in enumerate(batches):
+            with par.gradient_sync(self.pair, sync=i == len(batches) - 1):  # reduced after the last micro-batch
+                with self.autocast():
+                    out = self.pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"),
+                                    batch.get("teacher"), batch.get("teacher_pre_last"))
+                    part = compute_loss(out, batch, self.head, settings, counted)
+                if par.world > 1:  # DDP and FSDP average the ranks' gradients: each rank's share of the sum, times N
+                    part = part * par.world
+                (scaler.scale(part) if scaler else part).backward()
+            loss = loss + part.detach()
+            del out, part
         if scaler:
             scaler.unscale_(optimizer)
         grad_norm = clip_grad_norm(self.params, settings.max_grad_norm or float("inf"))  # inf: measured only
@@ -226,7 +236,7 @@ class Distillation(BudgetReads):
         if lr is None:
             self.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        n_tokens = int(par.sum(batch["loss_mask"].sum()))
+        n_tokens = int(par.sum(sum(b["loss_mask"].sum() for b in batches)))
         return float(loss_value), n_tokens, time.perf_counter() - t0, used
 
     # -- the run ----------------------------------------------------------------------------------------------------
@@ -324,6 +334,7 @@ class Distillation(BudgetReads):
             "processes": self.par.world,
             "strategy": self.par.strategy,
             "gradient_checkpointing": self.options.gradient_checkpointing,
+            **({"micro_batch_size": self.options.micro_batch_size} if self.options.micro_batch_size else {}),
             "mixed_precision": self.mixed_precision,
             "device": str(self.par.device),
             "teacher_cache": None if cache is None else {"path": str(cache.path), "key": asdict(cache.key),
@@ -367,7 +378,7 @@ def train(base_model, tokenizer, settings: DistillSettings, output: str | os.Pat
     """Convert ``base_model`` to a SwiftKV student, distil it, save it to ``output``; return the run summary.
     ``options`` are ``RunOptions``' fields: ``model_name``, ``checkpoint_dir``, ``resume``, ``cpu``,
     ``mixed_precision``, ``progress``, ``extra_summary``, ``overwrite``, ``teacher_cache``, ``save_at``, ``log_only``,
-    ``strategy``, ``processes``, ``gradient_checkpointing``.
+    ``strategy``, ``processes``, ``gradient_checkpointing``, ``micro_batch_size``.
 
     ``log_only``: ``output`` gets the run's summary and training log without the student's weights (a run that is
     read only through its held-out numbers, e.g. an lr sweep).
@@ -384,6 +395,7 @@ def train(base_model, tokenizer, settings: DistillSettings, output: str | os.Pat
     (``swiftkv.distill.parallel``), ``processes`` how many processes the launcher must have started.
     ``settings.batch_size`` is the global batch, so the trained weights do not depend on the rank count. Only rank 0
     writes files. ``gradient_checkpointing``: the student's layers >= l recompute their activations in backward.
+    ``micro_batch_size``: each process runs its rows that many at a time, accumulating gradients (the same step).
     ``interrupt_after``: stop with ``Interrupted`` after that step (tests of ``--resume``)."""
     run = Distillation(base_model, tokenizer, settings, output,
                        RunOptions(train_conversations=train_conversations,

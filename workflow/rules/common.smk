@@ -228,12 +228,17 @@ def distill_launcher(wildcards, resources):
 
 
 def distill_runtime_args(wildcards, resources):
-    """How a distillation computes, not what it learns: the profile's mixed precision; under a launcher with more
-    than one process, --processes (swiftkv distill refuses a launch that started another number) and, where the
-    profile names one (config distill.strategy), the strategy (else swiftkv distill's default: ddp)."""
-    strategy = config["distill"].get("strategy")
+    """How a distillation computes, not what it learns: the profile's mixed precision, micro-batches (config
+    distill.micro_batch_size: rows per forward on each process, gradients accumulated) and gradient checkpointing
+    (distill.gradient_checkpointing); under a launcher with more than one process, --processes (swiftkv distill
+    refuses a launch that started another number) and, where the profile names one (config distill.strategy), the
+    strategy (else swiftkv distill's default: ddp)."""
+    d = config["distill"]
+    strategy, micro = d.get("strategy"), d.get("micro_batch_size")
     ranks = distill_ranks(resources)
-    return " ".join(x for x in (MIXED_PRECISION, f"--processes {ranks}" if ranks > 1 else "",
+    return " ".join(x for x in (MIXED_PRECISION, f"--micro-batch-size {micro}" if micro else "",
+                                "--gradient-checkpointing" if d.get("gradient_checkpointing") else "",
+                                f"--processes {ranks}" if ranks > 1 else "",
                                 f"--strategy {strategy}" if strategy else "") if x)
 
 
