@@ -202,6 +202,11 @@ def test_wsd_budget_reads_under_two_ranks_equal_one_process(two_ranks, single):
     assert [(r["budget"], r["steps"], r["tokens"]) for r in a] == [(r["budget"], r["steps"], r["tokens"]) for r in b]
     for ra, rb in zip(a, b):
         assert rb["heldout_kl"] == pytest.approx(ra["heldout_kl"], rel=1e-4)
+        # split over the ranks (rank r: rows r, r + 2, ...), the per-row sums come back in held-out order
+        assert [r["positions"] for r in rb["heldout_rows"]] == [r["positions"] for r in ra["heldout_rows"]]
+        assert len(ra["heldout_rows"]) % 2 == 1  # one rank reruns a row it drops
+        assert [r["kl_sum"] for r in rb["heldout_rows"]] == pytest.approx([r["kl_sum"] for r in ra["heldout_rows"]],
+                                                                         rel=1e-4)
 
 
 @pytest.mark.slow

@@ -18,12 +18,23 @@ if TYPE_CHECKING:
 
 class HeldOut:
     """A fixed held-out sample: the shared prefix and the teacher's final hidden states are computed once (neither
-    changes during training), so each evaluation only runs the student's layers >= l and the head."""
+    changes during training), so each evaluation only runs the student's layers >= l and the head.
 
-    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int):
+    Over N ranks (``par``) rank r keeps and evaluates held-out rows r, r + N, ...: each prepares and holds 1/N of the
+    sample, every rank runs as many forwards (under FSDP each gathers; a rank short of rows reruns one and drops it),
+    and the sums are added over the ranks, so the numbers are the one-process numbers (up to summation order)."""
+
+    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int, par=None):
+        from swiftkv.distill.parallel import Parallel
+
         self.pair, self.chunk_size, self.items = pair, chunk_size, []
+        self.par = par or Parallel()
+        self.n = len(batches)
+        self.index = self.rows_of(self.n, self.par)
+        self.rounds = -(-self.n // self.par.world)
         with torch.no_grad():
-            for batch in batches:
+            for i in self.index or ([0] if self.n else []):  # a rank without a row keeps row 0 as its stand-in
+                batch = batches[i]
                 if "boundary" in batch:  # from the teacher cache
                     state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
                                                       position_ids=batch["position_ids"], use_cache=False)
@@ -34,21 +45,31 @@ class HeldOut:
                 mask = batch["loss_mask"]
                 self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
 
+    @staticmethod
+    def rows_of(n: int, par) -> list[int]:
+        """The held-out rows (of ``n``) that rank ``par.rank`` of ``par.world`` evaluates."""
+        return list(range(par.rank, n, par.world))
+
     @torch.no_grad()
     def evaluate(self, per_row: bool = False) -> dict:
         """Pooled held-out numbers; with ``per_row`` also each held-out batch's sums (``heldout_rows``: kl_sum,
-        top1_sum, positions), the unit a bootstrap over held-out rows resamples."""
-        if not self.items:
+        top1_sum, positions, in held-out order), the unit a bootstrap over held-out rows resamples."""
+        if not self.n:
             return {}
         head = self.pair.model.get_output_embeddings()
         total: dict[str, float] = {}
         rows = []
-        for state, boundary, mask, teacher, labels in self.items:
+        for r in range(self.rounds):
+            own = r < len(self.index)
+            state, boundary, mask, teacher, labels = self.items[r if own else 0]
             student = self.pair(None, None, boundary, state=state).student  # through forward: FSDP gathers there
+            if not own:  # a stand-in forward: this rank has no row left
+                continue
             sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
-            rows.append({k: sums[k] for k in ("kl_sum", "top1_sum", "positions")})
+            rows.append((self.index[r], {k: sums[k] for k in ("kl_sum", "top1_sum", "positions")}))
             for k, v in sums.items():
                 total[k] = total.get(k, 0) + v
+        total, rows = self._pooled(total, rows)
         n, m = max(total["positions"], 1), max(total["labelled"], 1)
         out = {
             "heldout_kl": total["kl_sum"] / n,
@@ -58,8 +79,18 @@ class HeldOut:
             "heldout_tokens": int(total["positions"]),
         }
         if per_row:
-            out["heldout_rows"] = rows
+            out["heldout_rows"] = [row for _, row in sorted(rows, key=lambda x: x[0])]
         return out
+
+    def _pooled(self, total: dict, rows: list) -> tuple[dict, list]:
+        """This rank's sums and rows added to / joined with every other rank's (as they are in one process)."""
+        if self.par.world == 1:
+            return total, rows
+        keys = ("kl_sum", "top1_sum", "positions", "student_nll_sum", "teacher_nll_sum", "labelled")
+        summed = self.par.sum(torch.tensor([float(total.get(k, 0)) for k in keys], dtype=torch.float64,
+                                           device=self.par.device)).tolist()
+        total = {k: (int(v) if k in ("top1_sum", "positions", "labelled") else v) for k, v in zip(keys, summed)}
+        return total, [row for part in self.par.gather_objects(rows) for row in part]
 
 
 def prepare_data(tokenizer, settings: DistillSettings, train_conversations, heldout_conversations, cache=None):

@@ -128,6 +128,16 @@ class Parallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather_objects(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
     def stop(self) -> None:
         import torch.distributed as dist
 
