@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -24,17 +24,18 @@ class HeldOut:
     sample, every rank runs as many forwards (under FSDP each gathers; a rank short of rows reruns one and drops it),
     and the sums are added over the ranks, so the numbers are the one-process numbers (up to summation order)."""
 
-    def __init__(self, pair: DistillModel, batches: list[dict], chunk_size: int, par=None):
+    def __init__(self, pair: DistillModel, n: int, batch_of: Callable[[int], dict], chunk_size: int, par=None):
+        """``n`` held-out rows; ``batch_of(i)``: row i as a batch on the device, asked for this rank's rows only."""
         from swiftkv.distill.parallel import Parallel
 
         self.pair, self.chunk_size, self.items = pair, chunk_size, []
         self.par = par or Parallel()
-        self.n = len(batches)
-        self.index = self.rows_of(self.n, self.par)
-        self.rounds = -(-self.n // self.par.world)
+        self.n = n
+        self.index = list(range(self.par.rank, n, self.par.world))  # the held-out rows this rank evaluates
+        self.rounds = -(-n // self.par.world)
         with torch.no_grad():
-            for i in self.index or ([0] if self.n else []):  # a rank without a row keeps row 0 as its stand-in
-                batch = batches[i]
+            for i in self.index or ([0] if n else []):  # a rank without a row keeps row 0 as its stand-in
+                batch = batch_of(i)
                 if "boundary" in batch:  # from the teacher cache
                     state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
                                                       position_ids=batch["position_ids"], use_cache=False)
@@ -44,11 +45,6 @@ class HeldOut:
                     teacher, _ = pair.teacher_upper(state, boundary)
                 mask = batch["loss_mask"]
                 self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
-
-    @staticmethod
-    def rows_of(n: int, par) -> list[int]:
-        """The held-out rows (of ``n``) that rank ``par.rank`` of ``par.world`` evaluates."""
-        return list(range(par.rank, n, par.world))
 
     @torch.no_grad()
     def evaluate(self, per_row: bool = False) -> dict:

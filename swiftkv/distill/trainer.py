@@ -83,10 +83,10 @@ class Distillation(BudgetReads):
             self.par, tokenizer, settings, options.train_conversations, options.heldout_conversations, self.cache,
             self.packed, self.ckpt_dir)
         logger.info("data: %s", self.data_report)
-        mine = set(HeldOut.rows_of(len(heldout_items), self.par)) or {0}  # or row 0, as a stand-in
-        heldout_batches = [{k: v.to(self.par.device) for k, v in self.collate("heldout", [item]).items()}
-                           if i in mine else None for i, item in enumerate(heldout_items)]
-        self.heldout = HeldOut(self.raw, heldout_batches, settings.chunk_size, self.par)  # before sharding
+        self.heldout = HeldOut(  # before sharding: the fixed part of each of this rank's held-out rows here
+            self.raw, len(heldout_items),
+            lambda i: {k: v.to(self.par.device) for k, v in self.collate("heldout", [heldout_items[i]]).items()},
+            settings.chunk_size, self.par)
         self._build_optimizer()
         self._resume()
 

@@ -343,13 +343,6 @@ class VllmEngine(LatencyStudy):
     def _server_log(self, tag: str) -> Path:
         return self.workdir / f"{tag}.server.log"
 
-    @contextlib.contextmanager
-    def server(self, spec: VariantSpec, max_model_len: int, tag: str, kv_bytes: int | None = None):
-        """``vllm serve`` on 127.0.0.1 (a free port) until the block ends; yields the base URL. ``kv_bytes``: its KV
-        cache (default: the settings')."""
-        with contextlib.ExitStack() as stack:
-            yield self._ready(*self._start_server(stack, spec, max_model_len, tag, kv_bytes))
-
     def _start_server(self, stack: contextlib.ExitStack, spec: VariantSpec, max_model_len: int, tag: str,
                       kv_bytes: int | None = None) -> tuple:
         """Launch ``vllm serve`` (its process group ends with ``stack``) without waiting for it: (process, URL, log)."""
