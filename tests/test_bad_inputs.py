@@ -465,6 +465,23 @@ def test_jobs_read_embedded_models_from_the_workflows_resources(tmp_path):
     assert run.returncode == 0, (run.stderr + "".join(p.read_text() for p in tmp_path.glob("logs/**/*.log")))[-3000:]
     assert (tmp_path / "results/tasks/heldout-ppl/smollm2-135m/manifest.json").is_file()
     assert not (tmp_path / "elsewhere").exists()
+    assert (tmp_path / "results/PROFILE").read_text() == "ci\n"  # which profile's run results/ holds
+
+
+def test_a_run_of_another_profile_is_refused_before_any_job(tmp_path):
+    """results/ of one profile's run is not overwritten by another profile's run (one line, exit 2, no job run);
+    a dry run, which writes nothing, still shows the plan."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results/PROFILE").write_text("default\n")
+    target = "results/tasks/heldout-ppl/smollm2-135m"
+    run = snakemake(tmp_path, "--cores", "1", "--", target, env={})
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 2 and last.startswith("error: results/ holds a default profile run"), run.stderr[-2000:]
+    assert "git worktree add ../swiftkv-ci" in last
+    assert not (tmp_path / "resources").exists() and not (tmp_path / target).exists()
+    assert (tmp_path / "results/PROFILE").read_text() == "default\n"
+    dry = snakemake(tmp_path, "-n", "--", target, env={})
+    assert dry.returncode == 0, dry.stderr[-2000:]
 
 
 def test_convert_and_export_of_a_tokenizer_less_checkpoint_say_so_in_one_line(material, tmp_path, monkeypatch, capsys):

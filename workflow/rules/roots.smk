@@ -23,6 +23,22 @@ if _committed_targets and config["profile"] != DEFAULT_PROFILE:
          f"profile renders its own under {RUN}/ (target {RUN}/{_target[len(COMMITTED) + 1:]})")
 
 
+# One profile per results/: a run of another profile would replace this one's tables, figures and summaries under
+# results/ (their models differ, those paths do not). results/PROFILE names the profile whose run writes there; a run
+# of another profile is refused in one line before any job starts (dry runs, which write nothing, are not).
+PROFILE_MARK = Path("results/PROFILE")
+
+
+onstart:
+    _owner = PROFILE_MARK.read_text().strip() if PROFILE_MARK.is_file() else None
+    if _owner not in (None, config["profile"]):
+        stop(f"results/ holds a {_owner} profile run (results/PROFILE), which this {config['profile']} run would "
+             f"overwrite; run the {config['profile']} profile in a checkout of its own (git worktree add "
+             f"../swiftkv-{config['profile']}) or move results/ away first")
+    PROFILE_MARK.parent.mkdir(exist_ok=True)
+    PROFILE_MARK.write_text(f"{config['profile']}\n")
+
+
 def raw_folder(study):
     """The output of the raw_* rules: the run's raw folder of ``study`` (never the committed one)."""
     return directory(f"{RUN}/raw/{study}")
