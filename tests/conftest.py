@@ -24,6 +24,28 @@ import swiftkv  # noqa: F401  (registers the SwiftKV model types)
 REPO = Path(__file__).resolve().parents[1]
 
 
+TRANSFORMERS4_VERSION = "4.57.6"  # the transformers 4.x that the interoperability tests run our checkpoints in
+
+
+@pytest.fixture(scope="session")
+def transformers4_python(tmp_path_factory) -> Path:
+    """One throwaway venv with transformers 4.x and torch (the local CPU wheel: never an unpinned torch), shared by
+    the tests that read or run our checkpoints with code nobody here wrote."""
+    import subprocess
+    import sys
+
+    venv = tmp_path_factory.mktemp("transformers4") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries",
+                          "1", "--timeout", "30", "torch==2.13.0", f"transformers=={TRANSFORMERS4_VERSION}"],
+                         capture_output=True, text=True, timeout=1800)
+    if pip.returncode:
+        reason = (pip.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"cannot pip install torch==2.13.0 transformers=={TRANSFORMERS4_VERSION} (offline?): {reason}")
+    return python
+
+
 @pytest.fixture()
 def one_thread():
     """Tiny models gain nothing from threads, and on a busy 2-core machine OpenMP spinning (barrier waits) makes their

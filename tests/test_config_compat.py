@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM, Mis
 
 from swiftkv import convert_to_swiftkv
 from swiftkv.configuration import add_transformers4_keys
-from tests.conftest import tiny_base
+from tests.conftest import TRANSFORMERS4_VERSION, tiny_base
 
 PAPER_CONFIGS = Path(__file__).resolve().parents[1] / "config" / "models"
 MODEL_CLASSES = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}
@@ -32,7 +32,6 @@ LLAMA31_ROPE_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor":
                         "original_max_position_embeddings": 8192}  # as in Meta's Llama-3.1 config.json
 TRANSFORMERS4_KEYS = ("rope_theta", "rope_scaling", "torch_dtype")
 # The newest release that ArcticTraining's pin allows: pyproject.toml `transformers>=4.56,<5.0.0` (since Nov 2025).
-TRANSFORMERS4_VERSION = "4.57.6"
 
 
 def paper_base(name: str):
@@ -176,25 +175,11 @@ for path in sys.argv[1:]:
     c = AutoConfig.from_pretrained(path)
     out[path] = {"model_type": c.model_type, "rope_theta": c.rope_theta,
                  "rope_scaling": getattr(c, "rope_scaling", None),  # 4.x's Mistral has none unless config.json does
-                 "dtype": str(c.__dict__.get("dtype") or c.__dict__.get("torch_dtype")),
+                 # a string, or with torch installed (the shared venv has it) a torch.dtype: its name either way
+                 "dtype": str(c.__dict__.get("dtype") or c.__dict__.get("torch_dtype")).removeprefix("torch."),
                  **{k: getattr(c, k, None) for k in ("num_key_value_layers", "key_value_group_size", "swiftkv")}}
 print(json.dumps(out))
 """
-
-
-@pytest.fixture(scope="session")
-def transformers4_python(tmp_path_factory) -> Path:
-    """A throwaway venv with transformers 4.x and its dependencies only (reading a config needs no torch)."""
-    venv = tmp_path_factory.mktemp("transformers4") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    python = venv / "bin" / "python"
-    pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                          "--retries", "1", "--timeout", "30", f"transformers=={TRANSFORMERS4_VERSION}"],
-                         capture_output=True, text=True, timeout=900)
-    if pip.returncode:
-        reason = (pip.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"cannot pip install transformers=={TRANSFORMERS4_VERSION} (offline?): {reason}")
-    return python
 
 
 @pytest.mark.slow
