@@ -72,7 +72,10 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
     and AdamW's two states: 16 bytes each), both divided by the ranks under FSDP; FSDP's gathered working set (two
     decoder layers and the root's embeddings/head); activations of the student's layers >= l (per token and layer,
     9h + 4I values stored for backward, or with checkpointing the layer input plus one layer's recompute), the
-    boundary/teacher states and one chunk of full-vocabulary logits (fp32: student, teacher, gradient)."""
+    boundary/teacher states and one chunk of full-vocabulary logits (fp32: student, teacher, gradient). Under FSDP
+    the largest unit is counted once more: FSDP2 all-gathers a unit into one buffer and copies it out into the
+    unsharded parameters, so while it gathers the unit is held twice (the term that brought the 2-rank CPU prediction
+    from 22 % under the measured peak to within 4 %, ``docs/distributed.md``)."""
     h, L, inter, v = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"], shape["vocab_size"]
     frozen, trainable = count_parameters(shape)
     shards = processes if strategy == "fsdp" else 1
@@ -81,6 +84,7 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
         layer = (frozen - v * h * (1 if shape.get("tie_word_embeddings") else 2)) / L
         root = v * h * (1 if shape.get("tie_word_embeddings") else 2)
         parts["fsdp_gathered"] = (2 * layer + root) * dtype_bytes
+        parts["fsdp_gather_copy"] = max(layer, root) * dtype_bytes
     upper = L - L // 2
     per_token_layer = (9 * h + 4 * inter) * dtype_bytes
     if checkpointing:
@@ -117,11 +121,52 @@ def _max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+class PhaseSampler:
+    """The resident set sampled every 2 ms on a thread; ``mark(name)`` starts a phase, ``peaks()`` gives each phase's
+    highest sample and its last (where the step's memory goes: building, forward, loss, backward, optimizer)."""
+
+    def __init__(self, period: float = 0.002):
+        import threading
+        import time
+
+        self.clock, self.period, self.samples, self.marks, self.done = time.perf_counter, period, [], [], False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        import time
+
+        while not self.done:
+            self.samples.append((self.clock(), self.rss()))
+            time.sleep(self.period)
+
+    def mark(self, name: str) -> None:
+        self.samples.append((self.clock(), self.rss()))
+        self.marks.append((self.clock(), name))
+
+    def peaks(self) -> dict:
+        self.mark("end")
+        self.done = True
+        self.thread.join()
+        out = {}
+        for (start, name), (stop, _) in zip(self.marks, self.marks[1:]):
+            inside = [b for t, b in self.samples if start <= t <= stop]
+            out[name] = {"peak_bytes": max(inside), "end_bytes": inside[-1]}
+        return out
+
+
 def run_case(case: Case, out_dir: Path) -> None:
     """One optimizer step of the distillation of ``case``; this rank's peak RSS into ``out_dir/rank-<r>.json``."""
     import torch
 
     baseline = _max_rss_bytes()
+    phases = PhaseSampler()
+    phases.mark("build")
     from transformers import LlamaConfig
 
     from swiftkv.distill.pair import DistillModel, compute_loss, trainable_parameters
@@ -174,6 +219,7 @@ def run_case(case: Case, out_dir: Path) -> None:
     params = list(trainable_parameters(pair).values())
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     built = _max_rss_bytes()
+    phases.mark("prepare")
     gen = torch.Generator().manual_seed(par.rank)
     ids = torch.randint(0, config.vocab_size, (case.rows, case.length), generator=gen).to(par.device)
     pos = torch.arange(case.length, device=par.device).expand(case.rows, -1)
@@ -184,14 +230,18 @@ def run_case(case: Case, out_dir: Path) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     with torch.autocast(par.device.type, dtype=dtype, enabled=dtype != torch.float32):  # fp32 trainables meet bf16 frozen ones
+        phases.mark("forward")
         out = model(ids, pos)
+        phases.mark("loss")
         loss = compute_loss(out, batch, student.get_output_embeddings(), settings, counted) * par.world
+    phases.mark("backward")
     loss.backward()
+    phases.mark("optimizer")
     clip_grad_norm(params, 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     result = {"rank": par.rank, "baseline_bytes": baseline, "built_bytes": built, "peak_bytes": _max_rss_bytes(),
-              "loss": float(par.sum(loss.detach() / par.world))}
+              "loss": float(par.sum(loss.detach() / par.world)), "phases": phases.peaks()}
     if cuda:  # the step's high-water mark of memory torch allocated on this rank's GPU (weights included)
         result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     (out_dir / f"rank-{par.rank}.json").write_text(json.dumps(result))

@@ -141,6 +141,11 @@ def cmd_bench_distill_memory(args) -> None:
               f"{r['predicted_bytes']['total'] / gib:.2f} GiB)"
               + (f"; peak allocated GPU memory {r['peak_gpu_bytes_max_rank'] / gib:.2f} GiB" if "peak_gpu_bytes_max_rank"
                  in r else ""))
+    print("resident set by phase of the step (sampled every 2 ms; peak / at the end, GiB, the rank with the highest peak):")
+    for r in result["results"]:
+        rank = max(r["ranks"], key=lambda x: x["peak_bytes"])
+        print(f"{r['case']:>24}: " + ", ".join(f"{name} {p['peak_bytes'] / gib:.2f}/{p['end_bytes'] / gib:.2f}"
+                                               for name, p in rank["phases"].items()))
     for k, v in result["ratios"].items():
         if v is not None:
             print(f"{k}: {v:.2f}")
