@@ -25,18 +25,21 @@ if _committed_targets and config["profile"] != DEFAULT_PROFILE:
 
 # One profile per results/: a run of another profile would replace this one's tables, figures and summaries under
 # results/ (their models differ, those paths do not). results/PROFILE names the profile whose run writes there; a run
-# of another profile is refused in one line before any job starts (dry runs, which write nothing, are not).
+# of another profile that would write under results/ is refused in one line before any job starts. Dry runs write
+# nothing and are not refused; nor is re-rendering the committed reports/ (its jobs write only there).
 PROFILE_MARK = Path("results/PROFILE")
 
 
 onstart:
+    _writes = sorted({str(f) for job in workflow.dag.needrun_jobs() for f in job.output if str(f).startswith("results/")})
     _owner = PROFILE_MARK.read_text().strip() if PROFILE_MARK.is_file() else None
-    if _owner not in (None, config["profile"]):
+    if _writes and _owner not in (None, config["profile"]):
         stop(f"results/ holds a {_owner} profile run (results/PROFILE), which this {config['profile']} run would "
-             f"overwrite; run the {config['profile']} profile in a checkout of its own (git worktree add "
-             f"../swiftkv-{config['profile']}) or move results/ away first")
-    PROFILE_MARK.parent.mkdir(exist_ok=True)
-    PROFILE_MARK.write_text(f"{config['profile']}\n")
+             f"overwrite ({_writes[0]}, ...); run the {config['profile']} profile in a checkout of its own (git "
+             f"worktree add ../swiftkv-{config['profile']}) or move results/ away first")
+    if _writes:
+        PROFILE_MARK.parent.mkdir(exist_ok=True)
+        PROFILE_MARK.write_text(f"{config['profile']}\n")
 
 
 def raw_folder(study):
