@@ -33,16 +33,14 @@ class HeldOut:
         self.n = n
         self.index = list(range(self.par.rank, n, self.par.world))  # the held-out rows this rank evaluates
         self.rounds = -(-n // self.par.world)
+        mine = self.index or ([0] if n else [])  # a rank without a row keeps row 0 as its stand-in
         with torch.no_grad():
-            for i in self.index or ([0] if n else []):  # a rank without a row keeps row 0 as its stand-in
-                batch = batch_of(i)
-                if "boundary" in batch:  # from the teacher cache
-                    state = pair.inner.prepare_prefix(input_ids=batch["input_ids"],
-                                                      position_ids=batch["position_ids"], use_cache=False)
-                    boundary, teacher = batch["boundary"], batch["teacher"]
-                else:
-                    state, boundary = pair.prefix(batch["input_ids"], batch["position_ids"])
-                    teacher, _ = pair.teacher_upper(state, boundary)
+            for r in range(self.rounds):  # as many forwards on every rank: under FSDP each one gathers
+                batch = batch_of(mine[min(r, len(mine) - 1)])
+                state, boundary, teacher = pair(batch["input_ids"], batch["position_ids"], batch.get("boundary"),
+                                                batch.get("teacher"), prepare=True)
+                if r >= len(mine):  # a rank short of rows reran its last one: dropped
+                    continue
                 mask = batch["loss_mask"]
                 self.items.append((state, boundary, mask, teacher[mask], batch["labels"][mask]))
 

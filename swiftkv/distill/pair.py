@@ -45,10 +45,20 @@ class DistillModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, boundary: torch.Tensor | None = None,
                 teacher: torch.Tensor | None = None, teacher_pre_last: torch.Tensor | None = None,
-                state=None) -> DistillOutput:
+                state=None, prepare: bool = False) -> DistillOutput | tuple:
         """Both models on a batch; with ``boundary`` (h_l) and ``teacher`` from a teacher cache only the student's
         layers >= l run (the masks and rotary embeddings still come from the batch's position ids); with a prepared
-        ``state`` and ``boundary`` (the held-out sample) only the student's layers >= l, nothing else."""
+        ``state`` and ``boundary`` (the held-out sample) only the student's layers >= l, nothing else. ``prepare``:
+        the held-out sample's fixed part, (state, boundary, teacher), without the student (through ``forward``, so
+        that under FSDP the embeddings are gathered like in every other call)."""
+        if prepare:
+            if boundary is None:
+                state, boundary = self.prefix(input_ids, position_ids)
+                teacher, _ = self.teacher_upper(state, boundary)
+            else:
+                with torch.no_grad():
+                    state = self.inner.prepare_prefix(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            return state, boundary, teacher
         if state is not None:
             student, student_pre = self.student_upper(state, boundary)
             return DistillOutput(student, teacher, student_pre, teacher_pre_last)

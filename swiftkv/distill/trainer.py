@@ -83,17 +83,18 @@ class Distillation(BudgetReads):
             self.par, tokenizer, settings, options.train_conversations, options.heldout_conversations, self.cache,
             self.packed, self.ckpt_dir)
         logger.info("data: %s", self.data_report)
-        self.heldout = HeldOut(  # before sharding: the fixed part of each of this rank's held-out rows here
+        self._build_optimizer()
+        self.heldout = HeldOut(  # after sharding: under FSDP each rank holds only its shards from here on
             self.raw, len(heldout_items),
             lambda i: {k: v.to(self.par.device) for k, v in self.collate("heldout", [heldout_items[i]]).items()},
             settings.chunk_size, self.par)
-        self._build_optimizer()
         self._resume()
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
     def _build_model(self, base_model, teacher_cache, gradient_checkpointing: bool) -> None:
-        """The student (trainable weights fp32), the teacher cache checked against it, the pair on this rank's device."""
+        """The student (trainable weights fp32), the teacher cache checked against it, the pair on this rank's device
+        (under FSDP only its shards, moved there when it is sharded: a rank never holds the whole model on its GPU)."""
         from swiftkv.distill.parallel import enable_checkpointing, keep_trainable_fp32
 
         settings = self.settings
@@ -101,7 +102,9 @@ class Distillation(BudgetReads):
         keep_trainable_fp32(student)
         self.cache = open_cache(teacher_cache, student, settings)
         self.raw = self.pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden",
-                                            teacher_cached=self.cache is not None).to(self.par.device)
+                                            teacher_cached=self.cache is not None)
+        if not (self.par.strategy == "fsdp" and settings.train):  # FSDP: fully_shard moves each unit's shards there
+            self.pair.to(self.par.device)
         if gradient_checkpointing:
             enable_checkpointing(student, settings.num_key_value_layers)
         self.params = list(trainable_parameters(self.raw).values())
