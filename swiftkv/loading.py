@@ -253,12 +253,14 @@ def load_model(
     resources: str | os.PathLike | None = None,
     attn_implementation: str | None = None,
     require_tokenizer: bool = True,
+    meta: bool = False,
     **kwargs,
 ):
     """Load (model, tokenizer) for ``name``; SwiftKV checkpoints load as SwiftKV models (``import swiftkv``).
 
     A local model without tokenizer files is refused in one line, unless ``require_tokenizer`` is False (commands
-    that only rewrite weights): the tokenizer is then None."""
+    that only rewrite weights): the tokenizer is then None. ``meta``: the model is built from its config on the meta
+    device, without reading a weight (the ranks other than 0 of a sharded distillation: rank 0 sends the shards)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import swiftkv  # noqa: F401  (registers the SwiftKV model types)
@@ -275,7 +277,16 @@ def load_model(
         raise SwiftKVError(f"{name} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files "
                            "of the model it was made from into it")
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype), **extra)
+        if meta:
+            import torch
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(source, **{k: v for k, v in extra.items() if k == "local_files_only"})
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype) or config.dtype,
+                                                         **{k: v for k, v in extra.items() if k != "local_files_only"})
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype), **extra)
         tokenizer = None if no_tokenizer else AutoTokenizer.from_pretrained(
             source, **{k: v for k, v in extra.items() if k == "local_files_only"})
     except ValueError as err:  # e.g. a tokenizer that needs a package not installed here

@@ -3,7 +3,8 @@
 ``python -m tests.distributed_worker SPECS`` with SPECS a JSON list of runs, done one after the other in the same
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
 fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``,
-``micro_batch_size``, ``teacher_cache``,
+``micro_batch_size``, ``teacher_cache``, ``meta`` (the ranks other than 0 build the model on the meta device, as
+``swiftkv distill`` does under FSDP: their shards come from rank 0),
 ``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked), ``poison`` ([rank, step]: a NaN
 in that rank's shard of a trainable weight before the weight check at that step), ``late`` ([rank, seconds]: that
 rank starts the run that much after the others, as a loaded machine makes it). Errors are reported the
@@ -11,6 +12,7 @@ way the CLI reports them (one line, exit status 1 or 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -63,7 +65,10 @@ def run(spec: dict) -> int:
     try:
         with one_line_rank_failures():
             cached = spec.get("teacher_cache")  # the data and the teacher's side come from it
-            train(tiny_base(num_hidden_layers=4), tiny_tokenizer(), DistillSettings(**spec["settings"]),
+            meta = spec.get("meta") and int(os.environ["RANK"]) != 0
+            with torch.device("meta") if meta else contextlib.nullcontext():
+                base = tiny_base(num_hidden_layers=4)
+            train(base, tiny_tokenizer(), DistillSettings(**spec["settings"]),
                   spec["output"], train_conversations=None if cached else tiny_conversations(120),
                   heldout_conversations=None if cached else tiny_conversations(15, 1, "h"), teacher_cache=cached,
                   progress=False, mixed_precision="no",

