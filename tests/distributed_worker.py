@@ -4,7 +4,8 @@
 process group (one launch: the imports dominate a tiny run), each an object: ``output``, ``settings`` (DistillSettings
 fields), and optionally ``strategy``, ``processes``, ``resume``, ``interrupt_after``, ``gradient_checkpointing``,
 ``micro_batch_size``, ``teacher_cache``, ``meta`` (the ranks other than 0 build the model on the meta device, as
-``swiftkv distill`` does under FSDP: their shards come from rank 0),
+``swiftkv distill`` does under FSDP: their shards come from rank 0), ``tied`` (the embeddings and the LM head share
+one weight, as in SmolLM2),
 ``kill`` ([rank, step]: that rank kills itself with SIGKILL when step ``step`` is checked), ``poison`` ([rank, step]: a NaN
 in that rank's shard of a trainable weight before the weight check at that step), ``late`` ([rank, seconds]: that
 rank starts the run that much after the others, as a loaded machine makes it). Errors are reported the
@@ -67,7 +68,7 @@ def run(spec: dict) -> int:
             cached = spec.get("teacher_cache")  # the data and the teacher's side come from it
             meta = spec.get("meta") and int(os.environ["RANK"]) != 0
             with torch.device("meta") if meta else contextlib.nullcontext():
-                base = tiny_base(num_hidden_layers=4)
+                base = tiny_base(num_hidden_layers=4, tie_word_embeddings=bool(spec.get("tied")))
             train(base, tiny_tokenizer(), DistillSettings(**spec["settings"]),
                   spec["output"], train_conversations=None if cached else tiny_conversations(120),
                   heldout_conversations=None if cached else tiny_conversations(15, 1, "h"), teacher_cache=cached,

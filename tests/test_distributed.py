@@ -96,6 +96,8 @@ def two_ranks(tmp_path_factory):
         {"output": str(root / "full-meta"), "strategy": "fsdp", "settings": FULL, "meta": True},
         {"output": str(root / "cached-meta"), "strategy": "fsdp", "settings": CACHED, "meta": True,
          "teacher_cache": str(root / "teacher-cache")},
+        {"output": str(root / "tied"), "strategy": "fsdp", "settings": SETTINGS, "tied": True},
+        {"output": str(root / "tied-meta"), "strategy": "fsdp", "settings": SETTINGS, "tied": True, "meta": True},
         {"output": str(root / "fsdp-odd"), "strategy": "fsdp", "settings": ODD, "gradient_checkpointing": True},
         {"output": str(root / "fsdp-micro"), "strategy": "fsdp", "settings": ODD, "micro_batch_size": 1},
         {"output": str(root / "ddp-micro"), "strategy": "ddp", "settings": ODD, "micro_batch_size": 1},
@@ -138,8 +140,8 @@ def test_ranks_without_weights_get_rank_0s_shards(two_ranks):
     """Rank 1 built the model on the meta device (no weight read: what ``swiftkv distill`` does on every rank but 0
     under FSDP) and got its shards from rank 0 once sharded: the students and held-out numbers are exactly those of
     the runs where every rank loaded the weights (partial scope; full scope, whose teacher keeps a copy of the
-    layers >= l; a teacher cache, checked against rank 0's weights)."""
-    for loaded, meta in (("fsdp", "fsdp-meta"), ("full", "full-meta"), ("cached", "cached-meta")):
+    layers >= l; a teacher cache, checked against rank 0's weights; embeddings tied to the LM head)."""
+    for loaded, meta in (("fsdp", "fsdp-meta"), ("full", "full-meta"), ("cached", "cached-meta"), ("tied", "tied-meta")):
         wa, wb = weights(two_ranks / loaded), weights(two_ranks / meta)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), meta
         assert summary(two_ranks / meta)["heldout_final"] == summary(two_ranks / loaded)["heldout_final"], meta
