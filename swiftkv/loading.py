@@ -276,19 +276,19 @@ def load_model(
     if no_tokenizer and require_tokenizer:
         raise SwiftKVError(f"{name} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer files "
                            "of the model it was made from into it")
+    files = {k: v for k, v in extra.items() if k == "local_files_only"}  # what reading a config or tokenizer takes
     try:
         if meta:
             import torch
             from transformers import AutoConfig
 
-            config = AutoConfig.from_pretrained(source, **{k: v for k, v in extra.items() if k == "local_files_only"})
+            config = AutoConfig.from_pretrained(source, **files)
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(dtype) or config.dtype,
-                                                         **{k: v for k, v in extra.items() if k != "local_files_only"})
+                                                         **{k: v for k, v in extra.items() if k not in files})
         else:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=parse_dtype(dtype), **extra)
-        tokenizer = None if no_tokenizer else AutoTokenizer.from_pretrained(
-            source, **{k: v for k, v in extra.items() if k == "local_files_only"})
+        tokenizer = None if no_tokenizer else AutoTokenizer.from_pretrained(source, **files)
     except ValueError as err:  # e.g. a tokenizer that needs a package not installed here
         if isinstance(err, SwiftKVError):
             raise

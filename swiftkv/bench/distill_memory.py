@@ -154,8 +154,9 @@ class PhaseSampler:
         self.done = True
         self.thread.join()
         out = {}
+        samples = sorted(self.samples)  # in time order (the thread and mark() append side by side)
         for (start, name), (stop, _) in zip(self.marks, self.marks[1:]):
-            inside = [b for t, b in self.samples if start <= t <= stop]
+            inside = [b for t, b in samples if start <= t <= stop]
             out[name] = {"peak_bytes": max(inside), "end_bytes": inside[-1]}
         return out
 

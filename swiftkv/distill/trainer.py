@@ -83,7 +83,6 @@ class Distillation(BudgetReads):
                                             teacher_cached=self.cache is not None)
         if not (self.par.strategy == "fsdp" and settings.train):  # FSDP: fully_shard moves each unit's shards there
             self.pair.to(self.par.device)
-        self.full_state = self.raw.state_dict() if self.from_rank0 and self.main else None  # sent once sharded
         if gradient_checkpointing:
             enable_checkpointing(student, settings.num_key_value_layers)
         self.params = list(trainable_parameters(self.raw).values())
@@ -100,10 +99,11 @@ class Distillation(BudgetReads):
         self.bs = settings.batch_size
         self.n_batches = -(-len(self.train_items) // self.bs)
         if settings.train:
+            full = self.raw.state_dict() if self.from_rank0 and self.main else None  # rank 0's weights, pre-sharding
             self.pair = self.par.wrap(self.raw)
             if self.from_rank0:  # every rank's shards from rank 0's weights
-                fill_from_rank0(self.raw, self.full_state, self.par)
-                self.full_state = None
+                fill_from_rank0(self.raw, full, self.par)
+                del full
             self.params = list(trainable_parameters(self.raw).values())  # FSDP replaced them with their shards
         self.optimizer = (torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
                           if self.params else None)
