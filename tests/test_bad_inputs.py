@@ -101,6 +101,10 @@ CASES = [
     # -- ordinary mistakes, each before any work ------------------------------------------------------------------------
     Case("distill-sheet-without-loss", ["distill", "plain", "--variant", "swiftkv-50", "--variants", "noloss.tsv",
                                         "--model-id", "smollm2-135m", "-o", "out"], "has no column loss"),
+    Case("bigbench-generate-unknown-task", ["bigbench", "generate", "--tasks", "generated/nope", "-o", "out"],
+         "'generated/nope' is not a generated task"),
+    Case("bigbench-fetch-missing-copy", ["bigbench", "fetch", "--from", "absent.tar.gz", "--dest", "out"],
+         "--from absent.tar.gz: no such file"),
     Case("eval-malformed-tasks-json", ["eval", "plain", "--tasks-json", "badtasks.json", "--output-dir", "out"],
          "badtasks.json is not valid JSON"),
     Case("advise-tolerance-nan", ["advise", "plain", "--tolerance", "nan", "-o", "a.json"], "not a finite number"),

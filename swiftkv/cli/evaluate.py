@@ -1,4 +1,4 @@
-"""Evaluation commands: bigbench fetch/extract/build, heldout-ppl-task, eval, long-context."""
+"""Evaluation commands: bigbench fetch/extract/generate/build, heldout-ppl-task, eval, long-context."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _json_file_name(text: str) -> str:
 def cmd_bigbench_fetch(args) -> None:
     from swiftkv.data.bigbench import fetch_sdist
 
-    print(fetch_sdist(args.dest))
+    print(fetch_sdist(args.dest, getattr(args, "source", None)))
 
 
 def cmd_bigbench_extract(args) -> None:
@@ -29,6 +29,16 @@ def cmd_bigbench_extract(args) -> None:
     verify_sdist(args.tarball)
     open_output_dir(args.output, args.overwrite, args.output_what)
     for path in extract_tasks(args.tarball, args.tasks, args.output):
+        print(path)
+
+
+def cmd_bigbench_generate(args) -> None:
+    from swiftkv.data.generated_tasks import check_names, write_generated_tasks
+    from swiftkv.io import open_output_dir
+
+    check_names(args.tasks)
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    for path in write_generated_tasks(args.tasks, args.output):
         print(path)
 
 
@@ -183,8 +193,12 @@ def add_parsers(sub) -> None:
     bb = sub.add_parser("bigbench", help="BIG-bench multiple-choice tasks as offline lm-eval tasks").add_subparsers(
         dest="bigbench", metavar="STEP")
     bb.required = True
-    p = bb.add_parser("fetch", help="download the bigbench==1.0.0 sdist with pip (358 MB) and verify its sha256")
+    p = bb.add_parser("fetch", help="download the bigbench==1.0.0 sdist with pip (358 MB) and verify its sha256",
+                      description="Downloads bigbench-1.0.0.tar.gz with pip, or copies it from --from where PyPI does "
+                      "not serve it; its sha256 is checked either way. A verified file already in --dest is kept.")
     p.add_argument("--dest", default="resources/bigbench", help="folder for the tarball (default resources/bigbench)")
+    p.add_argument("--from", dest="source", metavar="PATH", default=None,
+                   help="copy this bigbench-1.0.0.tar.gz instead of downloading it (verified by sha256)")
     p.set_defaults(func=cmd_bigbench_fetch)
     p = bb.add_parser("extract", help="copy the task.json of the named tasks out of the sdist (only those)")
     p.add_argument("--tarball", required=True)
@@ -192,10 +206,19 @@ def add_parsers(sub) -> None:
     p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
     p.set_defaults(func=cmd_bigbench_extract, output_kind="dir", output_what="BIG-bench task.json files",
                    output_appends=True)
+    p = bb.add_parser("generate", help="write generated multiple-choice tasks in BIG-bench's task.json format",
+                      description="Tasks made by code (one-digit arithmetic, successor, the larger of two numbers), "
+                      "the same on every machine: the CI profile's stand-in for BIG-bench (eval.bigbench.source: "
+                      "generated). Names: generated/addition generated/subtraction generated/successor "
+                      "generated/larger.")
+    p.add_argument("--tasks", nargs="+", required=True, help="generated task names, e.g. generated/addition")
+    p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
+    p.set_defaults(func=cmd_bigbench_generate, output_kind="dir", output_what="generated task.json files",
+                   output_appends=True)
     p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
                       description="Each example goes to the selection or the report split by a hash of the example; "
                       "the first N of each split (in hash order) are written.")
-    p.add_argument("--tasks-dir", required=True, help="folder with <task>/task.json (swiftkv bigbench extract)")
+    p.add_argument("--tasks-dir", required=True, help="folder with <task>/task.json (swiftkv bigbench extract or generate)")
     p.add_argument("--tasks", nargs="+", required=True)
     p.add_argument("--selection-examples", type=int, default=None, help="examples per task in the selection split")
     p.add_argument("--report-examples", type=int, default=None, help="examples per task in the report split")

@@ -80,33 +80,47 @@ def table_inputs(wildcards):
 # -- the offline benchmark suite (default and CI profiles) ------------------------------------------------------
 
 
-rule fetch_bigbench:
-    output:
-        BIGBENCH_SDIST,
-    log:
-        "logs/fetch_bigbench/bigbench.log",
-    params:
-        dest=output_dir,
-    shell:
-        "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1"
-
-
 # The extracted tasks are keyed by the task list: resources/ is shared by the profiles (and by CI's scratch clones),
 # and a folder extracted for one profile's list must never stand in for another's.
 BIGBENCH_TASKS = bigbench_tasks_dir(EVAL.get("bigbench", {}).get("candidates", []))
 
 
-rule extract_bigbench_tasks:
-    input:
-        BIGBENCH_SDIST,
-    output:
-        directory(BIGBENCH_TASKS),
-    log:
-        "logs/extract_bigbench_tasks/tasks.log",
-    params:
-        tasks=EVAL.get("bigbench", {}).get("candidates", []),
-    shell:
-        "swiftkv bigbench extract --tarball {input} --tasks {params.tasks} --output {output} > {log} 2>&1"
+if EVAL.get("bigbench", {}).get("source", "sdist") == "generated":
+
+    # Tasks made by code in BIG-bench's format (swiftkv.data.generated_tasks): no download (the CI profile).
+    rule generate_bigbench_tasks:
+        output:
+            directory(BIGBENCH_TASKS),
+        log:
+            "logs/generate_bigbench_tasks/tasks.log",
+        params:
+            tasks=EVAL["bigbench"]["candidates"],
+        shell:
+            "swiftkv bigbench generate --tasks {params.tasks} --output {output} > {log} 2>&1"
+
+else:
+
+    rule fetch_bigbench:
+        output:
+            BIGBENCH_SDIST,
+        log:
+            "logs/fetch_bigbench/bigbench.log",
+        params:
+            dest=output_dir,
+        shell:
+            "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1"
+
+    rule extract_bigbench_tasks:
+        input:
+            BIGBENCH_SDIST,
+        output:
+            directory(BIGBENCH_TASKS),
+        log:
+            "logs/extract_bigbench_tasks/tasks.log",
+        params:
+            tasks=EVAL.get("bigbench", {}).get("candidates", []),
+        shell:
+            "swiftkv bigbench extract --tarball {input} --tasks {params.tasks} --output {output} > {log} 2>&1"
 
 
 rule build_bigbench_tasks:
