@@ -488,6 +488,24 @@ def test_a_run_of_another_profile_is_refused_before_any_job(tmp_path):
     assert dry.returncode == 0, dry.stderr[-2000:]
 
 
+def test_a_default_run_without_bigbench_says_what_to_do_on_the_console(tmp_path):
+    """PyPI stopped serving bigbench==1.0.0: rule fetch_bigbench fails, and its one error line (naming --from and the
+    generated tasks) reaches the console, not only the log; nothing is left at the target. Here pip reads no index
+    at all, so the test does not depend on what PyPI serves."""
+    (tmp_path / "links").mkdir()
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "links"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    target = "resources/bigbench/bigbench-1.0.0.tar.gz"
+    run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
+                          "--configfile", str(ROOT / "config/config.yaml"), "--cores", "1", "--", target], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode != 0, run.stderr[-2000:]
+    line = next((x for x in run.stderr.splitlines() if x.startswith("error: pip could not download bigbench")), None)
+    assert line is not None, run.stderr[-3000:]
+    assert "swiftkv bigbench fetch --from PATH" in line and "eval.bigbench.source: generated" in line
+    assert not (tmp_path / target).exists()
+
+
 def test_convert_and_export_of_a_tokenizer_less_checkpoint_say_so_in_one_line(material, tmp_path, monkeypatch, capsys):
     from swiftkv.cli import main
     from swiftkv.loading import TOKENIZER_FILES

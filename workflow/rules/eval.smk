@@ -107,8 +107,8 @@ else:
             "logs/fetch_bigbench/bigbench.log",
         params:
             dest=output_dir,
-        shell:
-            "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1"
+        shell:  # the error line on the console too: PyPI stopped serving the archive, and the line says what to do
+            "swiftkv bigbench fetch --dest {params.dest} > {log} 2>&1 || {{ tail -n 1 {log} >&2; exit 1; }}"
 
     rule extract_bigbench_tasks:
         input:
