@@ -155,3 +155,32 @@ def test_distill_help_shows_each_default_once():
     text = run_cli("distill", "--help").stdout
     assert "(default: None)" not in text and "(default: False)" not in text  # argparse's own, beside ours
     assert text.count("(default 3e-4)") == 1 and DistillSettings(num_key_value_layers=1).lr == 3e-4
+
+
+def test_every_folder_a_command_writes_has_a_kind():
+    """A folder output of an unknown kind (kind_of(...) is None) could be filled by any other command without
+    --overwrite: every command that writes a folder names a known kind (bigbench generate once did not)."""
+    import argparse
+
+    from swiftkv.cli import build_parser
+    from swiftkv.io import kind_of
+
+    def leaves(parser, path=()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from leaves(child, (*path, name))
+        what = parser._defaults.get("output_what")
+        if parser._defaults.get("output_kind") == "dir":
+            if callable(what):  # decided by the options (distill: --log-only or not): every outcome
+                for flag in (False, True):
+                    yield f"{' '.join(path)} ({flag})", what(argparse.Namespace(log_only=flag))
+            else:
+                yield " ".join(path), what
+
+    found = dict(leaves(build_parser()))
+    assert "distill (True)" in found
+    assert "bigbench generate" in found and "bigbench extract" in found
+    unknown = {cmd: what for cmd, what in found.items() if kind_of(what) is None}
+    assert not unknown, unknown
+    assert kind_of(found["bigbench generate"]) != kind_of(found["bigbench extract"])

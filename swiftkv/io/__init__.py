@@ -57,6 +57,7 @@ KINDS = (
     ("vLLM raw outputs", "benchmark work folder"),
     ("served-fidelity", "benchmark work folder"),
     ("BIG-bench task.json", "BIG-bench task files"),
+    ("generated task.json", "generated task files"),
     ("lm-eval tasks", "lm-eval task folder"),
     ("lm-eval perplexity task", "lm-eval task folder"),
     ("raw results", "raw results folder"),
