@@ -308,20 +308,52 @@ def command(case: Case, ws: Path) -> list[str]:
     return [sys.executable, "-m", "swiftkv.measure.harness", *argv]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_and_changes_nothing(case, material, tmp_path):
-    ws = workspace(tmp_path, material)
+def run_case(case: Case, ws: Path) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """The case's command in its own workspace: (the finished process, the workspace before, after)."""
     before = snapshot(ws)
     # HOME in the workspace for our commands (the home-directory case); Snakemake keeps a source cache under $HOME
     home = {"HOME": str(ws / "home")} if case.program == "swiftkv" else {}
     env = {**os.environ, **home, **case.env}
     out = subprocess.run(command(case, ws), cwd=ws / case.cwd, env=env, capture_output=True, text=True, timeout=300)
+    return out, before, snapshot(ws)
+
+
+@pytest.fixture(scope="module")
+def case_runs(request, material, tmp_path_factory) -> dict:
+    """Every selected case run once, two at a time: each starts Python and imports torch (~4 s of one CPU), so the
+    83 cases took ~350 s one after another. Each has its own workspace; the Snakemake, CI-figures and harness cases
+    run one at a time among themselves (they share $HOME's caches), beside the swiftkv ones."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Lock
+
+    name = "test_bad_input_is_one_line_and_changes_nothing"
+    wanted = [item.callspec.params["case"] for item in request.session.items
+              if getattr(item, "originalname", None) == name and hasattr(item, "callspec")]
+    shared = Lock()
+
+    def one(case: Case):
+        ws = workspace(tmp_path_factory.mktemp(case.id), material)
+        if case.program == "swiftkv":
+            return run_case(case, ws)
+        with shared:
+            return run_case(case, ws)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {case.id: pool.submit(one, case) for case in wanted}
+        return {cid: future.exception() or future.result() for cid, future in futures.items()}  # one case's own failure
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(case, case_runs):
+    if isinstance(case_runs[case.id], BaseException):
+        raise case_runs[case.id]
+    out, before, after = case_runs[case.id]
     err = out.stderr.strip()
     assert out.returncode == 2, (out.returncode, err[-2000:])
     assert len(err.splitlines()) == 1, err[-2000:]
     assert err.startswith("error: ") and case.message in err, err
     assert "Traceback" not in out.stdout + out.stderr
-    assert snapshot(ws) == before
+    assert after == before
 
 
 def test_at_least_thirty_cases_across_cli_and_workflow():
