@@ -12,6 +12,7 @@ from torch.testing import assert_close
 from transformers import PreTrainedTokenizerFast
 
 from swiftkv import convert_to_swiftkv
+from swiftkv.bench.evaluation import bench_eval
 from swiftkv.measure.evaluate import SwiftKVLM, TaskSpec, run_suite
 from swiftkv.models.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
 from tests.conftest import TINY, tiny_base
@@ -73,13 +74,24 @@ MODELS = {
 
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.parametrize("kv_cache", ["native", "fp8"])
+@pytest.mark.parametrize("scorer", ["packed", "chunked"])
 @torch.no_grad()
-def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache):
+def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, monkeypatch):
     model = MODELS[kind](tiny_base(family))
+    # packed: rows of 24 positions, two rows a forward, so rows hold several questions and forwards several rows
+    monkeypatch.setattr("swiftkv.measure.evaluate.PACK_WIDTH", 24)
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, kv_cache=kv_cache,
-                   teacher=(kind == "teacher"), device="cpu")
+                   teacher=(kind == "teacher"), device="cpu", scorer=scorer, positions_per_forward=64)
     reqs = requests()
-    got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    finally:
+        hook.remove()
+    assert lm.last_path == scorer and len(shapes) == lm.forwards
+    if scorer == "packed":
+        assert max(rows for rows, _ in shapes) == 2 and lm.forwards < len({tuple(c) for _, c, _ in reqs})
     factory = (lambda config: FP8FakeQuantCache(config=config)) if kv_cache == "fp8" else None
     want = [direct_loglikelihood(model, c, t, 24, factory) for _, c, t in reqs]
     assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
@@ -198,3 +210,46 @@ def test_lm_eval_cli_runs_a_swiftkv_checkpoint(tmp_path):
                      [TaskSpec(name="bb_fixture_report")], [manifest["splits"]["report"]])
     assert result["results"]["bb_fixture_report"]["acc,none"] == ours["results"]["bb_fixture_report"]["acc,none"]
     assert result["config"]["model"] == "hf"
+
+
+@pytest.mark.parametrize("case", ["eager", "window-short", "window-long", "window-long-fp8"])
+@pytest.mark.parametrize("kind", ["base", "student"])
+@torch.no_grad()
+def test_scoring_paths_for_eager_masks_and_sliding_windows(case, kind):
+    """Eager attention takes the packed 4D mask as an additive float mask. A sliding window that every request fits
+    in leaves the packed scorer exact; one that a request runs past sends every request to a full forward of its
+    own (a shared context's cache and a packed mask would both see past the window). All equal a direct forward."""
+    window = {"window-short": 30, "window-long": 8, "window-long-fp8": 8}.get(case)
+    base = (tiny_base("llama", attn_implementation="eager") if case == "eager"
+            else tiny_base("mistral", sliding_window=window))
+    model = convert_to_swiftkv(base, 2) if kind == "student" else base
+    kv_cache = "fp8" if case.endswith("fp8") else "native"
+    lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, device="cpu", kv_cache=kv_cache)
+    reqs = requests()
+    got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert lm.last_path == ("full" if case.startswith("window-long") else "packed")
+    factory = (lambda config: FP8FakeQuantCache(config=config)) if kv_cache == "fp8" else None
+    want = [direct_loglikelihood(model, c, t, 24, factory) for _, c, t in reqs]
+    assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
+    assert [g[1] for g in got] == [w[1] for w in want]
+
+
+@torch.no_grad()
+def test_bench_eval_alternates_the_scorers_and_finds_them_equal(tmp_path):
+    """``swiftkv bench eval``'s core: warm-up, then each repeat runs both scorers, the order alternating; the scorers
+    agree on every logged log-likelihood, greedy flag and score, and the packed one runs fewer forwards."""
+    model = convert_to_swiftkv(tiny_base(), 2)
+    manifest = fixture_task(tmp_path)
+    n = manifest["tasks"]["fixture"]["splits"]["report"]["n"]
+    out = bench_eval(model, tiny_tokenizer(), [TaskSpec(name="bb_fixture_report")], [manifest["splits"]["report"]],
+                     repeats=2, warmup_limit=2, batch_size=2)
+    assert [(r["repeat"], r["scorer"], r["path"]) for r in out["runs"]] == [
+        (0, "chunked", "chunked"), (0, "packed", "packed"), (1, "packed", "packed"), (1, "chunked", "chunked")]
+    assert all(r["examples"] == n > 0 and 0 < r["seconds_scoring"] < r["seconds"] for r in out["runs"])
+    forwards = {r["scorer"]: r["forwards"] for r in out["runs"]}
+    assert forwards["packed"] < forwards["chunked"]
+    agree = out["agreement"]["packed"]
+    assert agree["requests"] == 3 * n and agree["same_requests"] and agree["greedy_flags_equal"] and agree["scores_equal"]
+    assert agree["max_abs_loglikelihood_diff"] < 1e-4
+    assert out["reference"] == "chunked" and out["speedup"]["chunked"] == 1.0 and out["speedup"]["packed"] > 0
+    assert out["hardware"]["cpu"] and json.dumps(out)

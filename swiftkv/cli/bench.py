@@ -1,10 +1,11 @@
-"""Benchmark commands (``swiftkv bench ...``) of the model and the distillation: prefill, distill, distill-memory.
+"""Benchmark commands (``swiftkv bench ...``) of the model, the distillation and the evaluation: prefill, distill,
+distill-memory, eval.
 The serving ones (serve, vllm, served-fidelity, sharegpt-requests) are ``swiftkv.cli.serving``."""
 
 from __future__ import annotations
 
-from swiftkv.cli.options import (DefaultsFormatter, add_model_args, positive_int, resolve_device, resolve_dtype,
-                                 unit_fraction)
+from swiftkv.cli.options import (DefaultsFormatter, add_model_args, as_teacher, positive_int, resolve_device,
+                                 resolve_dtype, unit_fraction)
 from swiftkv.errors import SwiftKVError
 
 
@@ -155,6 +156,41 @@ def cmd_bench_distill_memory(args) -> None:
               f"{r['per_gpu_gb']:6.1f} GB/GPU on 8; fewest 80 GB GPUs: {r['fewest_80gb_gpus'] or 'more than 64'}")
 
 
+def cmd_bench_eval(args) -> None:
+    import torch
+
+    from swiftkv.bench.evaluation import bench_eval
+    from swiftkv.io import write_json
+    from swiftkv.loading import load_model
+    from swiftkv.measure.evaluate import collect_tasks
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tasks, include = collect_tasks(args.tasks_json, args.bigbench_manifest, args.bigbench_split, args.task or [],
+                                   args.include_path or [], args.limit)
+    if not tasks:
+        raise SwiftKVError("nothing to time: pass --bigbench-manifest, --tasks-json or --task")
+    if len(set(args.scorers)) != len(args.scorers):
+        raise SwiftKVError(f"--scorers {' '.join(args.scorers)} names a scorer twice; name each once")
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype, "cpu"), resources=args.resources)
+    if args.teacher:
+        as_teacher(model, args.model)
+    result = bench_eval(model, tokenizer, tasks, include, scorers=tuple(args.scorers), repeats=args.repeats,
+                        warmup_limit=args.warmup_limit, batch_size=args.batch_size,
+                        positions_per_forward=args.positions_per_forward, kv_cache=args.kv_cache, seed=args.seed)
+    result["model"] = args.name or args.model
+    write_json(args.output, result, overwrite=args.overwrite)
+    for scorer, row in result["summary"].items():
+        rates = ", ".join(f"{r:.2f}" for r in row["examples_per_s"])
+        print(f"{scorer:>8}: median {row['median_examples_per_s']:.2f} examples/s ({rates}); "
+              f"{result['speedup'][scorer]:.2f}x {result['reference']}; scorer {row['median_seconds_scoring']:.1f} s "
+              f"of {row['median_seconds']:.1f} s")
+    for scorer, agree in result["agreement"].items():
+        print(f"{scorer} vs {result['reference']}: {agree['requests']} requests, largest log-likelihood difference "
+              f"{agree['max_abs_loglikelihood_diff']:.2e}, greedy flags equal: {agree['greedy_flags_equal']}, "
+              f"scores equal: {agree['scores_equal']}")
+
+
 def add_parsers(bench) -> None:
     """The benchmark commands' parsers on the ``swiftkv bench`` subparsers ``bench``."""
     from swiftkv.cli import serving
@@ -224,4 +260,33 @@ def add_parsers(bench) -> None:
                    "and without checkpointing, also the peak of allocated GPU memory")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill_memory, output_kind="file")
+
+    p = bench.add_parser("eval", help="evaluation examples/s: the packed vs the chunked log-likelihood scorer",
+                         description="Runs an lm-eval suite (what `swiftkv eval` runs, without fidelity) once per "
+                         "scorer per repeat on one loaded model, the order alternating between repeats, after an "
+                         "untimed warm-up pass per scorer. Prints and saves examples/s per run, the median per scorer, "
+                         "each median's ratio to the first scorer's, the time spent inside the scorer, and the largest "
+                         "difference between the scorers' logged log-likelihoods. JSON keys: summary.<scorer>."
+                         "median_examples_per_s, speedup.<scorer>, agreement.<scorer>.max_abs_loglikelihood_diff.",
+                         formatter_class=DefaultsFormatter)
+    add_model_args(p)
+    p.add_argument("--bigbench-manifest", default=None, help="every task of this manifest (swiftkv bigbench build)")
+    p.add_argument("--bigbench-split", default="report", choices=["selection", "report"])
+    p.add_argument("--tasks-json", default=None, help="JSON list of tasks, as `swiftkv eval --tasks-json`")
+    p.add_argument("--task", action="append", help="an lm-eval task name (repeatable)")
+    p.add_argument("--include-path", action="append", help="folder of task YAMLs (repeatable)")
+    p.add_argument("--limit", type=positive_int, default=None, help="at most this many examples per task")
+    p.add_argument("--scorers", nargs="+", choices=["chunked", "packed"], default=["chunked", "packed"],
+                   help="scorers to time; the first is the reference of the ratios and differences")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per scorer, interleaved")
+    p.add_argument("--warmup-limit", type=positive_int, default=4, help="examples per task in the untimed warm-up")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="contexts per forward (chunked scorer)")
+    p.add_argument("--positions-per-forward", type=positive_int, default=2048, help="positions per forward (packed)")
+    p.add_argument("--kv-cache", default="native", choices=["native", "fp8"])
+    p.add_argument("--teacher", action="store_true", help="time a SwiftKV checkpoint as its teacher")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--name", default=None, help="model name in the JSON (default: MODEL)")
+    p.add_argument("--output", "-o", required=True, help="JSON file to write")
+    p.set_defaults(func=cmd_bench_eval, output_kind="file")
     serving.add_parsers(bench)

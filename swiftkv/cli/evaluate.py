@@ -123,7 +123,8 @@ def cmd_eval(args) -> None:
 
         heldout = read_conversations(args.heldout)
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
-                                 batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed)
+                                 batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed,
+                                 scorer=args.scorer, positions_per_forward=args.positions_per_forward)
     out = open_output_dir(args.output_dir, args.overwrite, args.output_what)
     if fid is not None:
         fid.update(model=args.model, base=args.base)
@@ -253,7 +254,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--include-path", action="append", help="folder of task YAMLs (repeatable)")
     p.add_argument("--kv-cache", default="native", choices=["native", "fp8"], help="fp8: FP8 per-token fake-quant cache")
     p.add_argument("--teacher", action="store_true", help="evaluate a SwiftKV checkpoint as its teacher")
-    p.add_argument("--batch-size", type=int, default=16, help="contexts per forward")
+    p.add_argument("--batch-size", type=int, default=16, help="contexts per forward (the chunked scorer)")
+    p.add_argument("--scorer", default="packed", choices=["packed", "chunked"],
+                   help="log-likelihoods: packed (questions packed into rows under a 4D mask; default) or chunked "
+                   "(a prefill, then padded continuation batches); the same numbers (docs/evaluation.md)")
+    p.add_argument("--positions-per-forward", type=positive_int, default=2048,
+                   help="positions per forward (the packed scorer)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
     p.add_argument("--no-fidelity", action="store_true")
     p.add_argument("--heldout", default=None, help="held-out conversations for fidelity (JSONL from heldout-ppl-task "

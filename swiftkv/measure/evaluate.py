@@ -2,12 +2,20 @@
 
 ``SwiftKVLM`` is lm-eval's ``HFLM`` with two changes, neither visible in the scores:
 
-- **log-likelihoods through a prefill.** HFLM runs every (context, continuation) pair as one sequence and keeps
-  the continuation's logits. We prefill each distinct context once, with the KV cache on and
-  ``logits_to_keep=1`` (a SwiftKV student then runs every context position but the last through layers < l
-  only: the paper's prefill skip), and run the continuations of that context as one batch against the cache.
-  Multiple-choice questions share their context across choices, so this also saves the repeated context.
-  Log-likelihoods equal a full forward's (tested on tiny random models, teacher and student).
+- **log-likelihoods with each context run once.** HFLM runs every (context, continuation) pair as one sequence and
+  keeps the continuation's logits. We run each distinct context once and score all of its continuations against it,
+  and ask the model only for the logits that are scored (a SwiftKV student then runs every other context position
+  through layers < l only: the paper's prefill skip). Two scorers do this:
+
+  * ``packed`` (the default): a context and all its continuations (less each one's last token) form one segment;
+    segments are packed into rows with a 4D attention mask (each continuation sees the whole context and its own
+    earlier tokens, positions restart after the context), so one forward scores many questions with no padding
+    to speak of and no copies of the context's K/V. Needs a dense-mask attention (sdpa, eager).
+  * ``chunked``: a prefill of the contexts (left padded, ``logits_to_keep=1``), then the continuations as padded
+    batches against a copy of each context's cache. Any attention kernel; the fallback for the packed one.
+
+  Multiple-choice questions share their context across choices, so both also save the repeated context.
+  Log-likelihoods equal a full forward's (tested on tiny random models of every family, teacher and student).
 - **KV-cache variants**: ``kv_cache="fp8"`` runs every forward (and ``generate``) with an FP8 fake-quant cache
   (``swiftkv.models.kvquant``), for the paper's Table B.1.
 
@@ -50,7 +58,8 @@ class SwiftKVLM(HFLM):
     """
 
     def __init__(self, pretrained, *, teacher: bool = False, kv_cache: str = "native", prefill_skip: bool = True,
-                 logits_budget_bytes: float = 1.5e9, **kwargs):
+                 logits_budget_bytes: float = 1.5e9, scorer: str = "packed", positions_per_forward: int = 2048,
+                 **kwargs):
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, **kwargs)
         if hasattr(self.model, "swiftkv"):
@@ -61,7 +70,14 @@ class SwiftKVLM(HFLM):
         if is_student(self.model):
             self.model.model.prefill_skip = self.prefill_skip  # off: same logits, every position runs every layer
         self.logits_budget_bytes = logits_budget_bytes
+        if scorer not in SCORERS:
+            raise SwiftKVError(f"unknown scorer {scorer!r}; use one of {', '.join(SCORERS)}")
+        self.scorer = scorer
+        self.positions_per_forward = int(positions_per_forward)
         self.tokens_run = {"context": 0, "continuation": 0}  # positions run (for the log)
+        self.forwards = 0  # model forwards run for log-likelihoods (for the log)
+        self.last_path = None  # how the last requests were scored: packed, chunked or full
+        self.seconds_scoring = 0.0  # inside _loglikelihood_tokens (the rest of a suite's time is lm-eval's own)
 
     # -- log-likelihoods ---------------------------------------------------------------------------------------
 
@@ -75,10 +91,10 @@ class SwiftKVLM(HFLM):
         """(log-likelihood, is-greedy) of each (context, continuation) request, the way SwiftKV serves a prompt.
 
         Requests that share a context (the choices of a multiple-choice question, one window of a rolling
-        log-likelihood) share one prefill of that context: with the cache on and ``logits_to_keep=1``, so a
-        student runs every context position but the last through layers < l only. The continuations then run
-        as one batch against the cached context. HFLM's own semantics are kept: the same left truncation to
-        ``max_length + 1`` tokens, the same scored positions, the cache hook for every request with a string.
+        log-likelihood) share one run of that context, and only scored positions get logits, so a student runs every
+        other context position through layers < l only (the packed or the chunked scorer, module docstring).
+        HFLM's own semantics are kept: the same left truncation to ``max_length + 1`` tokens, the same scored
+        positions, the cache hook for every request with a string.
         """
         if self.backend != "causal":
             return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
@@ -89,10 +105,27 @@ class SwiftKVLM(HFLM):
             full = (context_enc + continuation_enc)[-(self.max_length + 1):]
             n_ctx = len(full) - len(continuation_enc)
             groups[tuple(full[:n_ctx])].append((i, full[n_ctx:]))
+        t0 = time.perf_counter()
+        try:
+            return self._score_requests(requests, groups, disable_tqdm, override_bs)
+        finally:
+            self.seconds_scoring += time.perf_counter() - t0
+
+    def _score_requests(self, requests, groups, disable_tqdm, override_bs):
+        path = self.last_path = self._scoring_path(groups)
+        if path == "full":
+            logger.warning("a request runs past the model's sliding window (%s positions): every request is scored "
+                           "with a full forward of its own, lm-eval's way (exact; no shared contexts, no prefill skip)",
+                           self.model.config.sliding_window)
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood (shared contexts)")
-        for batch in self._context_batches(groups, override_bs):
-            for i, answer in self._score_batch(batch):
+        if path == "packed":
+            batches, score = self._packed_batches(groups), self._score_packed
+        else:
+            batches, score = self._context_batches(groups, override_bs), self._score_batch
+        for batch in batches:
+            for i, answer in score(batch):
                 results[i] = answer
                 request_str = requests[i][0]
                 if request_str is not None:
@@ -100,6 +133,98 @@ class SwiftKVLM(HFLM):
                 bar.update(1)
         bar.close()
         return results
+
+    # -- the packed scorer ---------------------------------------------------------------------------------------
+
+    def _scoring_path(self, groups) -> str:
+        """``packed`` or ``chunked`` (the scorer asked for; chunked where the attention takes no dense 4D mask), or
+        ``full`` when a request runs past a sliding window: a shared context's cache (chunked) and a packed 4D mask
+        (which replaces the model's own masks) both assume every position sees every earlier one."""
+        config = self.model.config
+        window = getattr(config, "sliding_window", None)
+        if window is not None and any(len(ctx) + max(len(c) for _, c in conts) > window for ctx, conts in groups.items()):
+            return "full"
+        if self.scorer == "packed" and getattr(config, "_attn_implementation", None) in ("sdpa", "eager"):
+            return "packed"
+        return "chunked"
+
+    def _packed_batches(self, groups):
+        """Segments (a context, then every continuation of it but its last token), longest first, placed first-fit
+        into rows of one width; a batch closes when another row would pass ``positions_per_forward`` positions or
+        its scored positions would pass the logits budget."""
+        segments = sorted(((ctx, conts) for ctx, conts in groups.items()),
+                          key=lambda g: -(len(g[0]) + sum(len(c) - 1 for _, c in g[1])))
+        max_positions, budget = self.positions_per_forward, self._position_budget()
+        rows: list[list] = []  # [used, scored, segments]
+        width = 0
+        for ctx, conts in segments:
+            length = len(ctx) + sum(len(c) - 1 for _, c in conts)
+            scored = 1 + sum(len(c) - 1 for _, c in conts)
+            row = next((r for r in rows if r[0] + length <= width and r[1] + scored <= budget), None)
+            if row is None:
+                most_scored = max([scored] + [r[1] for r in rows])
+                if rows and ((len(rows) + 1) * width > max_positions or (len(rows) + 1) * most_scored > budget):
+                    yield [r[2] for r in rows]
+                    rows = []
+                if not rows:
+                    width = max(length, min(PACK_WIDTH, max_positions))
+                row = [0, 0, []]
+                rows.append(row)
+            row[0] += length
+            row[1] += scored
+            row[2].append((ctx, conts))
+        if rows:
+            yield [r[2] for r in rows]
+
+    @torch.no_grad()
+    def _score_packed(self, rows):
+        """One forward over packed rows: ids, positions and a 4D mask per row, logits only where they are scored."""
+        device = self.device
+        width = max(sum(len(ctx) + sum(len(c) - 1 for _, c in conts) for ctx, conts in row) for row in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        segment = torch.full((len(rows), width), -1, dtype=torch.long)  # padding: a segment of its own
+        branch = torch.zeros(len(rows), width, dtype=torch.long)  # 0: context; j: continuation j of its segment
+        keep_lists, plans = [], []  # per row: scored columns; per request: (row, [indices into that row's keep])
+        for r, row in enumerate(rows):
+            col, keep = 0, []
+            for s, (ctx, conts) in enumerate(row):
+                n = len(ctx)
+                ids[r, col:col + n] = torch.tensor(ctx)
+                positions[r, col:col + n] = torch.arange(n)
+                segment[r, col:col + n] = s
+                last = len(keep)
+                keep.append(col + n - 1)  # predicts the first token of every continuation
+                col += n
+                for j, (i, cont) in enumerate(conts, start=1):
+                    tail = len(cont) - 1
+                    ids[r, col:col + tail] = torch.tensor(cont[:-1], dtype=torch.long)
+                    positions[r, col:col + tail] = n + torch.arange(tail)
+                    segment[r, col:col + tail] = s
+                    branch[r, col:col + tail] = j
+                    plans.append((i, cont, r, [last] + list(range(len(keep), len(keep) + tail))))
+                    keep.extend(range(col, col + tail))
+                    col += tail
+                self.tokens_run["context"] += n
+                self.tokens_run["continuation"] += sum(len(c) - 1 for _, c in conts)
+            keep_lists.append(keep)
+        n_keep = max(len(k) for k in keep_lists)
+        keep = torch.tensor([k + [k[-1]] * (n_keep - len(k)) for k in keep_lists], dtype=torch.long)
+        mask = packed_mask(segment, branch)
+        if self.model.config._attn_implementation == "eager":
+            mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
+        with self._autocast():
+            out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                             cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
+        self.forwards += 1
+        logits = out.logits.float()  # R,N,V
+        norm = torch.logsumexp(logits, dim=-1)  # R,N: log-softmax is logits - norm, without an R,N,V copy
+        best = logits.argmax(dim=-1)  # R,N
+        for i, cont, r, index in plans:
+            index = torch.tensor(index, device=logits.device)
+            target = torch.tensor(cont, device=logits.device)
+            picked = logits[r, index].gather(-1, target[:, None]).squeeze(-1) - norm[r, index]
+            yield i, (float(picked.sum()), bool((best[r, index] == target).all()))
 
     def _position_budget(self) -> int:
         """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
@@ -153,6 +278,7 @@ class SwiftKVLM(HFLM):
         with self._autocast():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                              logits_to_keep=1)  # SwiftKV: the prefill skip (only the last position runs every layer)
+        self.forwards += 1
         first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # G,V: predicts each continuation's 1st token
         self.tokens_run["context"] += int(mask.sum())
         # The prefill's K/V per layer (AcrossKV: empty slots stay empty), copied row by row into each chunk's cache.
@@ -177,6 +303,7 @@ class SwiftKVLM(HFLM):
             with self._autocast():
                 logits = self.model(input_ids=tail_ids, attention_mask=torch.cat([mask[index], tail_mask], dim=1),
                                     position_ids=tail_pos, cache=chunk_cache, use_cache=True).logits  # R,T,V
+            self.forwards += 1
             logp = torch.log_softmax(logits.float(), dim=-1)
             self.tokens_run["continuation"] += int(tail_mask.sum())
             for r, (g, i, cont) in enumerate(chunk):
@@ -193,6 +320,13 @@ class SwiftKVLM(HFLM):
         return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                               enabled=self.mixed_precision_dtype is not None)
 
+    def _model_call(self, inps, attn_mask=None, labels=None):
+        """lm-eval's full forward (the ``full`` path), with the FP8 cache where one is asked for."""
+        if self._cache_factory is None or attn_mask is not None or labels is not None:
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        with torch.no_grad(), self._autocast():
+            return self.model(input_ids=inps, cache=self._new_cache(), use_cache=True).logits
+
     # -- generation --------------------------------------------------------------------------------------------
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
@@ -202,6 +336,18 @@ class SwiftKVLM(HFLM):
 
 
 PAD_SLACK = 4  # positions of padding per row that are cheaper than another forward
+SCORERS = ("packed", "chunked")
+PACK_WIDTH = 256  # positions per packed row unless a segment is longer (attention costs width**2 per row)
+
+
+def packed_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """(R, 1, W, W) boolean mask, True where query q may attend to key k: same segment, k <= q, and k in the context
+    (branch 0) or in q's own continuation. Padding (segment -1) attends among itself, so no row is empty."""
+    order = torch.arange(segment.shape[1])
+    same = segment[:, :, None] == segment[:, None, :]
+    causal = order[None, :, None] >= order[None, None, :]
+    own = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
+    return (same & causal & own)[:, None]
 
 
 def _wasteful(length: int, width: int) -> bool:
@@ -294,6 +440,9 @@ def run_suite(
         "metric": {s.name: s.metric for s in tasks},
         "seconds_per_task_group_share": timings,
         "tokens_run": dict(getattr(lm, "tokens_run", {})),
+        "scorer": getattr(lm, "scorer", None),
+        "forwards": getattr(lm, "forwards", None),
+        "seconds_scoring": getattr(lm, "seconds_scoring", None),
         "kv_cache": getattr(lm, "kv_cache", "native"),
         "prefill_skip": bool(getattr(lm, "prefill_skip", False)) and is_student(lm.model),
     }
@@ -368,6 +517,8 @@ def evaluate_model(
     fidelity=None,
     heldout=None,
     seed: int = 1234,
+    scorer: str = "packed",
+    positions_per_forward: int = 2048,
 ) -> tuple[dict | None, dict | None]:
     """lm-eval results (with samples) of ``model`` as the student (None without ``tasks``), and its fidelity to
     ``teacher_model``.
@@ -380,7 +531,8 @@ def evaluate_model(
 
     result = None
     if tasks:
-        lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache)
+        lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache, scorer=scorer,
+                       positions_per_forward=positions_per_forward)
         t0 = time.perf_counter()
         result = run_suite(lm, tasks, include_paths, seed=seed)
         result["swiftkv"]["seconds_lm_eval"] = time.perf_counter() - t0
