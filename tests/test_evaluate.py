@@ -253,3 +253,34 @@ def test_bench_eval_alternates_the_scorers_and_finds_them_equal(tmp_path):
     assert agree["max_abs_loglikelihood_diff"] < 1e-4
     assert out["reference"] == "chunked" and out["speedup"]["chunked"] == 1.0 and out["speedup"]["packed"] > 0
     assert out["hardware"]["cpu"] and json.dumps(out)
+
+
+@torch.no_grad()
+def test_tasks_rebuilt_from_a_record_ask_the_recorded_requests(tmp_path):
+    """``swiftkv bigbench from-record``: the BIG-bench tasks of a logged run come back as the same docs in the same
+    order, so a second run on them asks the same requests and gets the same answers; a record that is not of a
+    cloze task is refused without writing anything."""
+    from swiftkv.data.bigbench import tasks_from_record
+    from swiftkv.errors import SwiftKVError
+
+    model = convert_to_swiftkv(tiny_base(), 2)
+    manifest = fixture_task(tmp_path)
+    first = run_suite(SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=4, device="cpu"),
+                      [TaskSpec(name="bb_fixture_report")], [manifest["splits"]["report"]])
+    record = json.loads(json.dumps(first, default=str))
+    rebuilt = tasks_from_record(record, tmp_path / "rebuilt")
+    assert list(rebuilt["splits"]) == ["report"] and rebuilt["tasks"]["bb_fixture"]["splits"]["report"]["n"] == len(
+        first["samples"]["bb_fixture_report"])
+    assert (tmp_path / "rebuilt/report/bb_fixture.jsonl").read_text() == (
+        tmp_path / "tasks/report/bb_fixture.jsonl").read_text()
+    again = run_suite(SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=4, device="cpu"),
+                      [TaskSpec(name="bb_fixture_report")], [rebuilt["splits"]["report"]])
+    key = lambda s: s["doc_id"]  # noqa: E731
+    for a, b in zip(sorted(first["samples"]["bb_fixture_report"], key=key),
+                    sorted(again["samples"]["bb_fixture_report"], key=key)):
+        assert a["arguments"] == b["arguments"] and a["resps"] == b["resps"]
+    sample = record["samples"]["bb_fixture_report"][0]
+    sample["arguments"][0] = [sample["arguments"][0][0] + " extra", sample["arguments"][0][1]]
+    with pytest.raises(SwiftKVError, match="not the doc's prompt and choice"):
+        tasks_from_record(record, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()

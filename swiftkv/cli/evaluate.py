@@ -65,6 +65,33 @@ def cmd_bigbench_build(args) -> None:
               f"  chance {rep['chance']:.3f}")
 
 
+def cmd_bigbench_from_record(args) -> None:
+    import gzip
+    import json
+    from pathlib import Path
+
+    from swiftkv.data.bigbench import record_tasks, write_record_tasks
+    from swiftkv.io import open_output_dir, write_json
+
+    path = Path(args.record)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        record = json.loads(raw)
+    except FileNotFoundError:
+        raise SwiftKVError(f"{path} does not exist") from None
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise SwiftKVError(f"{path} is not a JSON record of an lm-eval run ({err})") from None
+    if not isinstance(record, dict):
+        raise SwiftKVError(f"{path} is not a JSON record of an lm-eval run (no object at its top)")
+    rebuilt = record_tasks(record)  # checked before anything is written
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    manifest = write_record_tasks(rebuilt, args.output)
+    write_json(Path(args.output) / "manifest.json", manifest)
+    for name, entry in manifest["tasks"].items():
+        for split, info in entry["splits"].items():
+            print(f"{info['task']:50s} {split:9s} examples {info['n']:4d}  chance {info['chance']:.3f}")
+
+
 def cmd_heldout_ppl_task(args) -> None:
     from pathlib import Path
 
@@ -226,6 +253,16 @@ def add_parsers(sub) -> None:
     p.add_argument("--output", "-o", required=True, help="output folder (manifest.json, selection/, report/)")
     p.set_defaults(func=cmd_bigbench_build, output_kind="dir", output_what="lm-eval tasks (BIG-bench, cloze format)",
                    output_appends=True)
+
+    p = bb.add_parser("from-record", help="rebuild the BIG-bench tasks of a recorded swiftkv eval run (no sdist needed)",
+                      description="Every example `swiftkv eval` scores is logged with its doc in lm_eval.json(.gz); "
+                      "this writes those tasks again (the layout and manifest of `swiftkv bigbench build`, for the "
+                      "splits the record holds), checking that each rebuilt task asks exactly the recorded requests. "
+                      "E.g. the committed report suite: reports/raw/table2/eval/smollm2-135m/base/native/lm_eval.json.gz.")
+    p.add_argument("record", help="lm_eval.json or lm_eval.json.gz written by swiftkv eval")
+    p.add_argument("--output", "-o", required=True, help="output folder (manifest.json, <split>/)")
+    p.set_defaults(func=cmd_bigbench_from_record, output_kind="dir",
+                   output_what="lm-eval tasks (BIG-bench, cloze format)", output_appends=True)
 
     p = sub.add_parser("heldout-ppl-task", help="lm-eval perplexity task over held-out ShareGPT (chat template)")
     p.add_argument("model", help="model whose tokenizer and chat template render the conversations")

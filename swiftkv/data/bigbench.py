@@ -263,3 +263,64 @@ def write_lm_eval_tasks(
     for split in SPLITS:
         manifest["splits"][split] = str((out_dir / split).resolve())
     return manifest
+
+
+def tasks_from_record(record: dict, out_dir: str | Path) -> dict:
+    """Rebuild the BIG-bench tasks of a recorded lm-eval run (``lm_eval.json`` of ``swiftkv eval``: every example's
+    doc is logged with its requests) as ``<out_dir>/<split>/<slug>.{jsonl,yaml}``, the layout and manifest that
+    ``write_lm_eval_tasks`` writes, for the splits the record holds. Each rebuilt task must ask exactly the recorded
+    requests (prompt, then delimiter + choice), or nothing is written. Other tasks in the record are skipped."""
+    return write_record_tasks(record_tasks(record), out_dir)
+
+
+def record_tasks(record: dict) -> dict[str, tuple[str, str, list[dict], str]]:
+    """The BIG-bench tasks of a record, checked: task -> (split, delimiter, docs in id order, source)."""
+    rebuilt: dict[str, tuple[str, str, list[dict], str]] = {}
+    for task, samples in sorted(record.get("samples", {}).items()):
+        if not task.startswith("bb_") or not task.endswith(tuple(f"_{s}" for s in SPLITS)) or not samples:
+            continue
+        split = task.rsplit("_", 1)[1]
+        docs, delimiters = [], set()
+        for sample in samples:
+            doc = sample.get("doc") or {}
+            if not {"id", "query", "choices", "gold", "chance"} <= set(doc):
+                raise SwiftKVError(f"the record's task {task} logs no BIG-bench cloze docs; only tasks of `swiftkv "
+                                   "bigbench build` can be rebuilt")
+            args = sample.get("arguments") or []
+            if len(args) != len(doc["choices"]):
+                raise SwiftKVError(f"the record's task {task}, doc {sample.get('doc_id')}: {len(args)} requests for "
+                                   f"{len(doc['choices'])} choices; not a cloze multiple-choice task")
+            for (context, continuation), choice in zip(args, doc["choices"]):
+                if context != doc["query"] or not continuation.endswith(choice):
+                    raise SwiftKVError(f"the record's task {task}, doc {sample.get('doc_id')}: a request is not the "
+                                       "doc's prompt and choice; it cannot be rebuilt from its docs")
+                delimiters.add(continuation[: len(continuation) - len(choice)])
+            docs.append(doc)
+        if len(delimiters) != 1:
+            raise SwiftKVError(f"the record's task {task} puts {sorted(delimiters)} between prompt and choice; "
+                               "one delimiter per task is needed")
+        source = ((record.get("configs", {}).get(task) or {}).get("metadata") or {}).get("source", "unknown")
+        rebuilt[task] = (split, delimiters.pop(), sorted(docs, key=lambda d: d["id"]), source)
+    if not rebuilt:
+        raise SwiftKVError("the record holds no BIG-bench task (bb_<name>_selection or bb_<name>_report) with "
+                           "logged samples; pass an lm_eval.json written by `swiftkv eval`")
+    return rebuilt
+
+
+def write_record_tasks(rebuilt: dict[str, tuple[str, str, list[dict], str]], out_dir: str | Path) -> dict:
+    """Write ``record_tasks``' tasks as ``<out_dir>/<split>/<slug>.{jsonl,yaml}``; return their manifest."""
+    out_dir = Path(out_dir)
+    manifest = {"format": "cloze", "rebuilt_from_record": True, "splits": {}, "tasks": {}}
+    for task, (split, delimiter, docs, source) in rebuilt.items():
+        slug = task[: -len(split) - 1]
+        data_file = out_dir / split / f"{slug}.jsonl"
+        with atomic_path(data_file) as tmp:
+            tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
+        write_text(out_dir / split / f"{slug}.yaml",
+                   yaml.safe_dump(task_yaml(task, data_file, delimiter, f"{source}, rebuilt from a recorded run"),
+                                  sort_keys=False))
+        entry = manifest["tasks"].setdefault(slug, {"slug": slug, "examples": 0, "splits": {}})
+        entry["examples"] += len(docs)
+        entry["splits"][split] = {"task": task, "n": len(docs), "chance": sum(d["chance"] for d in docs) / len(docs)}
+        manifest["splits"][split] = str((out_dir / split).resolve())
+    return manifest
