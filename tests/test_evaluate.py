@@ -13,7 +13,8 @@ from transformers import PreTrainedTokenizerFast
 
 from swiftkv import convert_to_swiftkv
 from swiftkv.bench.evaluation import bench_eval
-from swiftkv.measure.evaluate import SwiftKVLM, TaskSpec, run_suite
+from swiftkv.measure.evaluate import TaskSpec, run_suite
+from swiftkv.measure.lm import SwiftKVLM
 from swiftkv.models.kvquant import FP8FakeQuantCache, fake_quant_fp8_per_token
 from tests.conftest import TINY, tiny_base
 
@@ -79,7 +80,7 @@ MODELS = {
 def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, monkeypatch):
     model = MODELS[kind](tiny_base(family))
     # packed: rows of 24 positions, two rows a forward, so rows hold several questions and forwards several rows
-    monkeypatch.setattr("swiftkv.measure.evaluate.PACK_WIDTH", 24)
+    monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, kv_cache=kv_cache,
                    teacher=(kind == "teacher"), device="cpu", scorer=scorer, positions_per_forward=64)
     reqs = requests()

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from swiftkv.bench.speed import hardware
-from swiftkv.measure.evaluate import SCORERS, SwiftKVLM, TaskSpec, run_suite
+from swiftkv.measure.evaluate import TaskSpec, run_suite
+from swiftkv.measure.lm import SCORERS, SwiftKVLM
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def examples_of(result: dict) -> int:
 
 def bench_eval(model, tokenizer, tasks: list[TaskSpec], include_paths: list[str | Path], *,
                scorers: tuple[str, ...] = SCORERS[::-1], repeats: int = 3, warmup_limit: int = 4,
-               batch_size: int = 16, positions_per_forward: int = 2048, kv_cache: str = "native",
+               batch_size: int = 16, positions_per_forward: int = 1024, kv_cache: str = "native",
                seed: int = 1234) -> dict:
     """Each repeat runs the whole suite once per scorer (the order alternates between repeats) after one untimed
     warm-up pass per scorer over ``warmup_limit`` examples a task. Reports examples/s per run and their median

@@ -281,7 +281,7 @@ def add_parsers(bench) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per scorer, interleaved")
     p.add_argument("--warmup-limit", type=positive_int, default=4, help="examples per task in the untimed warm-up")
     p.add_argument("--batch-size", type=positive_int, default=16, help="contexts per forward (chunked scorer)")
-    p.add_argument("--positions-per-forward", type=positive_int, default=2048, help="positions per forward (packed)")
+    p.add_argument("--positions-per-forward", type=positive_int, default=1024, help="positions per forward (packed)")
     p.add_argument("--kv-cache", default="native", choices=["native", "fp8"])
     p.add_argument("--teacher", action="store_true", help="time a SwiftKV checkpoint as its teacher")
     p.add_argument("--seed", type=int, default=1234)

@@ -295,7 +295,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--scorer", default="packed", choices=["packed", "chunked"],
                    help="log-likelihoods: packed (questions packed into rows under a 4D mask; default) or chunked "
                    "(a prefill, then padded continuation batches); the same numbers (docs/evaluation.md)")
-    p.add_argument("--positions-per-forward", type=positive_int, default=2048,
+    p.add_argument("--positions-per-forward", type=positive_int, default=1024,
                    help="positions per forward (the packed scorer)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
     p.add_argument("--no-fidelity", action="store_true")

@@ -38,6 +38,6 @@ if __name__ == "__main__":
     swiftkv.register()  # transformers: SwiftKV model types
     from lm_eval.__main__ import cli_evaluate
 
-    import swiftkv.measure.evaluate  # noqa: F401  (lm-eval: model "swiftkv")
+    import swiftkv.measure.lm  # noqa: F401  (lm-eval: model "swiftkv")
 
     cli_evaluate()

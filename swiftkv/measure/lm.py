@@ -1,0 +1,357 @@
+"""lm-eval's model for SwiftKV: an HFLM over an already-loaded (SwiftKV) model, scored the way SwiftKV serves.
+
+``SwiftKVLM`` is lm-eval's ``HFLM`` with two changes, neither visible in the scores:
+
+- **log-likelihoods with each context run once.** HFLM runs every (context, continuation) pair as one sequence and
+  keeps the continuation's logits. We run each distinct context once and score all of its continuations against it,
+  and ask the model only for the logits that are scored (a SwiftKV student then runs every other context position
+  through layers < l only: the paper's prefill skip). Two scorers do this:
+
+  * ``packed`` (the default): a context and all its continuations (less each one's last token) form one segment;
+    segments are packed into rows with a 4D attention mask (each continuation sees the whole context and its own
+    earlier tokens, positions restart after the context), so one forward scores many questions with no padding
+    to speak of and no copies of the context's K/V. Needs a dense-mask attention (sdpa, eager).
+  * ``chunked``: a prefill of the contexts (left padded, ``logits_to_keep=1``), then the continuations as padded
+    batches against a copy of each context's cache. Any attention kernel; the fallback for the packed one.
+
+  Multiple-choice questions share their context across choices, so both also save the repeated context.
+  Log-likelihoods equal a full forward's (tested on tiny random models of every family, teacher and student).
+- **KV-cache variants**: ``kv_cache="fp8"`` runs every forward (and ``generate``) with an FP8 fake-quant cache
+  (``swiftkv.models.kvquant``), for the paper's Table B.1.
+
+Importing this module registers it with lm-eval as model ``swiftkv``, so
+``python -m swiftkv.measure.harness --model swiftkv --model_args pretrained=<checkpoint> ...`` works too. Running a
+suite and one model end to end is ``swiftkv.measure.evaluate``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm.auto import tqdm
+
+import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
+from swiftkv.errors import SwiftKVError
+from swiftkv.models.kvquant import make_cache_factory
+
+logger = logging.getLogger(__name__)
+
+
+def is_student(model) -> bool:
+    return bool(getattr(model.config, "swiftkv", False)) and hasattr(model, "swiftkv")
+
+
+@register_model("swiftkv")
+class SwiftKVLM(HFLM):
+    """lm-eval's HFLM that asks the model only for the logits it scores (prefill skip), optionally with an FP8 cache.
+
+    ``pretrained`` may be a loaded model (pass ``tokenizer``) or anything ``HFLM`` accepts; SwiftKV checkpoints run
+    as the student unless ``teacher=True``.
+    """
+
+    def __init__(self, pretrained, *, teacher: bool = False, kv_cache: str = "native", prefill_skip: bool = True,
+                 logits_budget_bytes: float = 1.5e9, scorer: str = "packed", positions_per_forward: int = 1024,
+                 **kwargs):
+        kwargs.setdefault("backend", "causal")
+        super().__init__(pretrained=pretrained, **kwargs)
+        if hasattr(self.model, "swiftkv"):
+            self.model.swiftkv(not _as_bool(teacher))
+        self.kv_cache = kv_cache
+        self._cache_factory = make_cache_factory(kv_cache)
+        self.prefill_skip = _as_bool(prefill_skip)
+        if is_student(self.model):
+            self.model.model.prefill_skip = self.prefill_skip  # off: same logits, every position runs every layer
+        self.logits_budget_bytes = logits_budget_bytes
+        if scorer not in SCORERS:
+            raise SwiftKVError(f"unknown scorer {scorer!r}; use one of {', '.join(SCORERS)}")
+        self.scorer = scorer
+        self.positions_per_forward = int(positions_per_forward)
+        self.tokens_run = {"context": 0, "continuation": 0}  # positions run (for the log)
+        self.forwards = 0  # model forwards run for log-likelihoods (for the log)
+        self.last_path = None  # how the last requests were scored: packed, chunked or full
+        self.seconds_scoring = 0.0  # inside _loglikelihood_tokens (the rest of a suite's time is lm-eval's own)
+
+    # -- log-likelihoods ---------------------------------------------------------------------------------------
+
+    def _new_cache(self):
+        from transformers.cache_utils import DynamicCache
+
+        factory = self._cache_factory or (lambda config: DynamicCache(config=config))
+        return factory(self.model.config)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        """(log-likelihood, is-greedy) of each (context, continuation) request, the way SwiftKV serves a prompt.
+
+        Requests that share a context (the choices of a multiple-choice question, one window of a rolling
+        log-likelihood) share one run of that context, and only scored positions get logits, so a student runs every
+        other context position through layers < l only (the packed or the chunked scorer, module docstring).
+        HFLM's own semantics are kept: the same left truncation to ``max_length + 1`` tokens, the same scored
+        positions, the cache hook for every request with a string.
+        """
+        if self.backend != "causal":
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = defaultdict(list)
+        for i, (_, context_enc, continuation_enc) in enumerate(requests):
+            if not context_enc or not continuation_enc or len(continuation_enc) > self.max_length:
+                raise SwiftKVError("lm-eval request with an empty context/continuation or a continuation over max_length")
+            full = (context_enc + continuation_enc)[-(self.max_length + 1):]
+            n_ctx = len(full) - len(continuation_enc)
+            groups[tuple(full[:n_ctx])].append((i, full[n_ctx:]))
+        t0 = time.perf_counter()
+        try:
+            return self._score_requests(requests, groups, disable_tqdm, override_bs)
+        finally:
+            self.seconds_scoring += time.perf_counter() - t0
+
+    def _score_requests(self, requests, groups, disable_tqdm, override_bs):
+        path = self.last_path = self._scoring_path(groups)
+        if path == "full":
+            logger.warning("a request runs past the model's sliding window (%s positions): every request is scored "
+                           "with a full forward of its own, lm-eval's way (exact; no shared contexts, no prefill skip)",
+                           self.model.config.sliding_window)
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood (shared contexts)")
+        if path == "packed":
+            batches, score = self._packed_batches(groups), self._score_packed
+        else:
+            batches, score = self._context_batches(groups, override_bs), self._score_batch
+        for batch in batches:
+            for i, answer in score(batch):
+                results[i] = answer
+                request_str = requests[i][0]
+                if request_str is not None:
+                    self.cache_hook.add_partial("loglikelihood", request_str, answer)
+                bar.update(1)
+        bar.close()
+        return results
+
+    # -- the packed scorer ---------------------------------------------------------------------------------------
+
+    def _scoring_path(self, groups) -> str:
+        """``packed`` or ``chunked`` (the scorer asked for; chunked where the attention takes no dense 4D mask), or
+        ``full`` when a request runs past a sliding window: a shared context's cache (chunked) and a packed 4D mask
+        (which replaces the model's own masks) both assume every position sees every earlier one."""
+        config = self.model.config
+        window = getattr(config, "sliding_window", None)
+        if window is not None and any(len(ctx) + max(len(c) for _, c in conts) > window for ctx, conts in groups.items()):
+            return "full"
+        if self.scorer == "packed" and getattr(config, "_attn_implementation", None) in ("sdpa", "eager"):
+            return "packed"
+        return "chunked"
+
+    def _packed_batches(self, groups):
+        """Segments (a context, then every continuation of it but its last token), longest first, placed first-fit
+        into rows of one width; a batch closes when another row would pass ``positions_per_forward`` positions or
+        its scored positions would pass the logits budget."""
+        segments = sorted(((ctx, conts) for ctx, conts in groups.items()),
+                          key=lambda g: -(len(g[0]) + sum(len(c) - 1 for _, c in g[1])))
+        max_positions, budget = self.positions_per_forward, self._position_budget()
+        rows: list[list] = []  # [used, scored, segments]
+        width = 0
+        for ctx, conts in segments:
+            length = len(ctx) + sum(len(c) - 1 for _, c in conts)
+            scored = 1 + sum(len(c) - 1 for _, c in conts)
+            row = next((r for r in rows if r[0] + length <= width and r[1] + scored <= budget), None)
+            if row is None:
+                most_scored = max([scored] + [r[1] for r in rows])
+                if rows and ((len(rows) + 1) * width > max_positions or (len(rows) + 1) * most_scored > budget):
+                    yield [r[2] for r in rows]
+                    rows = []
+                if not rows:
+                    width = max(length, min(PACK_WIDTH, max_positions))
+                row = [0, 0, []]
+                rows.append(row)
+            row[0] += length
+            row[1] += scored
+            row[2].append((ctx, conts))
+        if rows:
+            yield [r[2] for r in rows]
+
+    @torch.no_grad()
+    def _score_packed(self, rows):
+        """One forward over packed rows: ids, positions and a 4D mask per row, logits only where they are scored."""
+        device = self.device
+        width = max(sum(len(ctx) + sum(len(c) - 1 for _, c in conts) for ctx, conts in row) for row in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        segment = torch.full((len(rows), width), -1, dtype=torch.long)  # padding: a segment of its own
+        branch = torch.zeros(len(rows), width, dtype=torch.long)  # 0: context; j: continuation j of its segment
+        keep_lists, plans = [], []  # per row: scored columns; per request: (row, [indices into that row's keep])
+        for r, row in enumerate(rows):
+            col, keep = 0, []
+            for s, (ctx, conts) in enumerate(row):
+                n = len(ctx)
+                ids[r, col:col + n] = torch.tensor(ctx)
+                positions[r, col:col + n] = torch.arange(n)
+                segment[r, col:col + n] = s
+                last = len(keep)
+                keep.append(col + n - 1)  # predicts the first token of every continuation
+                col += n
+                for j, (i, cont) in enumerate(conts, start=1):
+                    tail = len(cont) - 1
+                    ids[r, col:col + tail] = torch.tensor(cont[:-1], dtype=torch.long)
+                    positions[r, col:col + tail] = n + torch.arange(tail)
+                    segment[r, col:col + tail] = s
+                    branch[r, col:col + tail] = j
+                    plans.append((i, cont, r, [last] + list(range(len(keep), len(keep) + tail))))
+                    keep.extend(range(col, col + tail))
+                    col += tail
+                self.tokens_run["context"] += n
+                self.tokens_run["continuation"] += sum(len(c) - 1 for _, c in conts)
+            keep_lists.append(keep)
+        n_keep = max(len(k) for k in keep_lists)
+        keep = torch.tensor([k + [k[-1]] * (n_keep - len(k)) for k in keep_lists], dtype=torch.long)
+        mask = packed_mask(segment, branch)
+        if self.model.config._attn_implementation == "eager":
+            mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
+        with self._autocast():
+            out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                             cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
+        self.forwards += 1
+        logits = out.logits.float()  # R,N,V
+        norm = torch.logsumexp(logits, dim=-1)  # R,N: log-softmax is logits - norm, without an R,N,V copy
+        best = logits.argmax(dim=-1)  # R,N
+        for i, cont, r, index in plans:
+            index = torch.tensor(index, device=logits.device)
+            target = torch.tensor(cont, device=logits.device)
+            picked = logits[r, index].gather(-1, target[:, None]).squeeze(-1) - norm[r, index]
+            yield i, (float(picked.sum()), bool((best[r, index] == target).all()))
+
+    def _position_budget(self) -> int:
+        """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
+        return max(256, int(self.logits_budget_bytes // (8 * self.model.config.vocab_size)))
+
+    def _context_batches(self, groups, override_bs=None):
+        """Contexts longest first, at most ``batch_size`` per batch; a new batch when the left padding of a context
+        would exceed both a quarter of its batch's width and ``PAD_SLACK`` positions, or the budget is full."""
+        max_contexts = int(override_bs or (self.batch_size if str(self.batch_size).isdigit() else 16))
+        budget = self._position_budget()
+        batch, width = [], 0
+        for ctx, conts in sorted(groups.items(), key=lambda kv: -len(kv[0])):
+            if batch and (len(batch) >= max_contexts or _wasteful(len(ctx), width) or (len(batch) + 1) * width > budget):
+                yield batch
+                batch = []
+            if not batch:
+                width = len(ctx)
+            batch.append((ctx, conts))
+        if batch:
+            yield batch
+
+    def _tail_chunks(self, rows):
+        """Continuation rows (longest first) in chunks: a new chunk when a row's right padding would exceed both
+        a quarter of the chunk's width and ``PAD_SLACK`` positions, or the budget is full. (Every forward has a fixed cost,
+        so short rows share one.)"""
+        budget = self._position_budget()
+        chunk, width = [], 0
+        for row in sorted((r for r in rows if len(r[2]) > 1), key=lambda r: -len(r[2])):
+            tail = len(row[2]) - 1
+            if chunk and (_wasteful(tail, width) or (len(chunk) + 1) * width > budget):
+                yield chunk
+                chunk = []
+            if not chunk:
+                width = tail
+            chunk.append(row)
+        if chunk:
+            yield chunk
+
+    @torch.no_grad()
+    def _score_batch(self, batch):
+        device = self.device
+        contexts = [list(ctx) for ctx, _ in batch]
+        width = max(len(c) for c in contexts)
+        ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for g, ctx in enumerate(contexts):  # left padding: every context ends at the same column
+            ids[g, width - len(ctx):] = torch.tensor(ctx, device=device)
+            mask[g, width - len(ctx):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        with self._autocast():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1)  # SwiftKV: the prefill skip (only the last position runs every layer)
+        self.forwards += 1
+        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # G,V: predicts each continuation's 1st token
+        self.tokens_run["context"] += int(mask.sum())
+        # The prefill's K/V per layer (AcrossKV: empty slots stay empty), copied row by row into each chunk's cache.
+        prefix = [(layer.keys, layer.values) if layer.get_seq_length() > 0 else None for layer in cache.layers]
+        rows = [(g, i, cont) for g, (_, conts) in enumerate(batch) for i, cont in conts]
+        for g, i, cont in rows:
+            if len(cont) == 1:
+                yield i, self._answer(first[g : g + 1], cont)
+        for chunk in self._tail_chunks(rows):
+            index = torch.tensor([g for g, _, _ in chunk], device=device)
+            chunk_cache = self._new_cache()
+            for layer, kv in zip(chunk_cache.layers, prefix):
+                if kv is not None:
+                    layer.update(kv[0][index], kv[1][index])  # the layer's own update: no second quantisation
+            tail = len(chunk[0][2]) - 1
+            tail_ids = torch.zeros(len(chunk), tail, dtype=torch.long, device=device)
+            tail_mask = torch.zeros_like(tail_ids)
+            for r, (_, _, cont) in enumerate(chunk):
+                tail_ids[r, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
+                tail_mask[r, : len(cont) - 1] = 1
+            tail_pos = positions[index, -1:] + 1 + torch.arange(tail, device=device)
+            with self._autocast():
+                logits = self.model(input_ids=tail_ids, attention_mask=torch.cat([mask[index], tail_mask], dim=1),
+                                    position_ids=tail_pos, cache=chunk_cache, use_cache=True).logits  # R,T,V
+            self.forwards += 1
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            self.tokens_run["continuation"] += int(tail_mask.sum())
+            for r, (g, i, cont) in enumerate(chunk):
+                yield i, self._answer(torch.cat([first[g : g + 1], logp[r, : len(cont) - 1]]), cont)
+
+    @staticmethod
+    def _answer(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
+        """(summed log-probability of ``cont``, whether every token is the argmax) from its (len, V) log-probs."""
+        target = torch.tensor(cont, device=logp.device)
+        picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return float(picked.sum()), bool((logp.argmax(-1) == target).all())
+
+    def _autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                              enabled=self.mixed_precision_dtype is not None)
+
+    def _model_call(self, inps, attn_mask=None, labels=None):
+        """lm-eval's full forward (the ``full`` path), with the FP8 cache where one is asked for."""
+        if self._cache_factory is None or attn_mask is not None or labels is not None:
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        with torch.no_grad(), self._autocast():
+            return self.model(input_ids=inps, cache=self._new_cache(), use_cache=True).logits
+
+    # -- generation --------------------------------------------------------------------------------------------
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        if self._cache_factory is not None:
+            generation_kwargs["past_key_values"] = self._cache_factory(self.model.config)
+        return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
+
+PAD_SLACK = 4  # positions of padding per row that are cheaper than another forward
+SCORERS = ("packed", "chunked")
+PACK_WIDTH = 256  # positions per packed row unless a segment is longer (attention costs width**2 per row)
+
+
+def packed_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """(R, 1, W, W) boolean mask, True where query q may attend to key k: same segment, k <= q, and k in the context
+    (branch 0) or in q's own continuation. Padding (segment -1) attends among itself, so no row is empty."""
+    order = torch.arange(segment.shape[1])
+    same = segment[:, :, None] == segment[:, None, :]
+    causal = order[None, :, None] >= order[None, None, :]
+    own = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
+    return (same & causal & own)[:, None]
+
+
+def _wasteful(length: int, width: int) -> bool:
+    return width - length > PAD_SLACK and length < 0.75 * width
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
