@@ -285,3 +285,24 @@ def test_tasks_rebuilt_from_a_record_ask_the_recorded_requests(tmp_path):
     with pytest.raises(SwiftKVError, match="not the doc's prompt and choice"):
         tasks_from_record(record, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+
+
+def test_packed_batches_keep_their_logits_within_the_budget(monkeypatch):
+    """Every packed batch holds rows x (the most scored positions of a row) <= the logits budget, and every segment
+    once, whatever the mix of long and short segments."""
+    model = tiny_base()
+    lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), device="cpu", positions_per_forward=1024,
+                   logits_budget_bytes=8 * TINY["vocab_size"] * 300)  # 300 scored positions a batch
+    gen = torch.Generator().manual_seed(0)
+    groups = {}
+    for k in range(60):
+        ctx = tuple(torch.randint(2, 90, (int(torch.randint(2, 40, (1,), generator=gen)),), generator=gen).tolist())
+        groups[ctx + (k,)] = [(k, [5] * int(torch.randint(1, 30, (1,), generator=gen)))]
+    batches = list(lm._packed_batches(groups))
+    assert lm._position_budget() == 300 and len(batches) > 1 and max(len(rows) for rows in batches) > 1
+    seen = []
+    for rows in batches:
+        scored = [sum(1 + sum(len(c) - 1 for _, c in conts) for _, conts in row) for row in rows]
+        assert len(rows) * max(scored) <= 300
+        seen += [ctx for row in rows for ctx, _ in row]
+    assert sorted(seen) == sorted(groups)

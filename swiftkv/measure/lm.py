@@ -157,7 +157,8 @@ class SwiftKVLM(HFLM):
         for ctx, conts in segments:
             length = len(ctx) + sum(len(c) - 1 for _, c in conts)
             scored = 1 + sum(len(c) - 1 for _, c in conts)
-            row = next((r for r in rows if r[0] + length <= width and r[1] + scored <= budget), None)
+            # a batch's logits are (rows x the most scored positions of a row): that product stays within budget
+            row = next((r for r in rows if r[0] + length <= width and (r[1] + scored) * len(rows) <= budget), None)
             if row is None:
                 most_scored = max([scored] + [r[1] for r in rows])
                 if rows and ((len(rows) + 1) * width > max_positions or (len(rows) + 1) * most_scored > budget):
