@@ -40,10 +40,6 @@ def bench_eval(model, tokenizer, tasks: list[TaskSpec], include_paths: list[str 
     warm-up pass per scorer over ``warmup_limit`` examples a task. Reports examples/s per run and their median
     per scorer, the ratio of each scorer's median to the first scorer's, the time inside the scorer versus
     lm-eval's own, and the largest log-likelihood difference from the first scorer over every logged request."""
-    unknown = [s for s in scorers if s not in SCORERS]
-    if unknown:
-        raise ValueError(f"unknown scorer(s) {unknown}; use {SCORERS}")
-
     def run(scorer: str, suite: list[TaskSpec]) -> tuple[dict, SwiftKVLM, float]:
         lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache, scorer=scorer,
                        positions_per_forward=positions_per_forward)

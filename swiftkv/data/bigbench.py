@@ -227,6 +227,18 @@ def task_yaml(task_name: str, data_file: Path, delimiter: str, source: str = "BI
     }
 
 
+def write_split_task(out_dir: Path, split: str, slug: str, docs: list[dict], delimiter: str, source: str) -> dict:
+    """Write one task's split as ``<out_dir>/<split>/<slug>.{jsonl,yaml}`` (lm-eval task ``<slug>_<split>``); return
+    its manifest entry (task name, examples, mean chance)."""
+    task_name = f"{slug}_{split}"
+    data_file = out_dir / split / f"{slug}.jsonl"
+    with atomic_path(data_file) as tmp:
+        tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
+    write_text(out_dir / split / f"{slug}.yaml",
+               yaml.safe_dump(task_yaml(task_name, data_file, delimiter, source), sort_keys=False))
+    return {"task": task_name, "n": len(docs), "chance": sum(d["chance"] for d in docs) / max(1, len(docs))}
+
+
 def write_lm_eval_tasks(
     task_jsons: dict[str, dict], out_dir: str | Path, limits: dict[str, int | None] | None = None
 ) -> dict:
@@ -246,19 +258,9 @@ def write_lm_eval_tasks(
         if task.get("generated_by"):
             entry["generated"] = True
         for split in SPLITS:
-            chosen = split_docs(docs, split, limits.get(split))
-            task_name = f"{task_slug(name)}_{split}"
-            data_file = out_dir / split / f"{task_slug(name)}.jsonl"
-            with atomic_path(data_file) as tmp:
-                tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in chosen))
-            write_text(out_dir / split / f"{task_slug(name)}.yaml",
-                       yaml.safe_dump(task_yaml(task_name, data_file, fmt.target_delimiter, task_source(task)),
-                                      sort_keys=False))
-            entry["splits"][split] = {
-                "task": task_name,
-                "n": len(chosen),
-                "chance": sum(d["chance"] for d in chosen) / max(1, len(chosen)),
-            }
+            entry["splits"][split] = write_split_task(out_dir, split, task_slug(name),
+                                                      split_docs(docs, split, limits.get(split)),
+                                                      fmt.target_delimiter, task_source(task))
         manifest["tasks"][name] = entry
     for split in SPLITS:
         manifest["splits"][split] = str((out_dir / split).resolve())
@@ -313,14 +315,9 @@ def write_record_tasks(rebuilt: dict[str, tuple[str, str, list[dict], str]], out
     manifest = {"format": "cloze", "rebuilt_from_record": True, "splits": {}, "tasks": {}}
     for task, (split, delimiter, docs, source) in rebuilt.items():
         slug = task[: -len(split) - 1]
-        data_file = out_dir / split / f"{slug}.jsonl"
-        with atomic_path(data_file) as tmp:
-            tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
-        write_text(out_dir / split / f"{slug}.yaml",
-                   yaml.safe_dump(task_yaml(task, data_file, delimiter, f"{source}, rebuilt from a recorded run"),
-                                  sort_keys=False))
         entry = manifest["tasks"].setdefault(slug, {"slug": slug, "examples": 0, "splits": {}})
         entry["examples"] += len(docs)
-        entry["splits"][split] = {"task": task, "n": len(docs), "chance": sum(d["chance"] for d in docs) / len(docs)}
+        entry["splits"][split] = write_split_task(out_dir, split, slug, docs, delimiter,
+                                                  f"{source}, rebuilt from a recorded run")
         manifest["splits"][split] = str((out_dir / split).resolve())
     return manifest
