@@ -52,14 +52,15 @@ DEFAULT_PROFILE = "default"  # the profile whose runs are the evidence of record
 
 # The raw folders the workflow's raw_* rules write (and a reports root may hold), besides the archive.
 STUDIES = ("flops", "simscore", "forward_time", "distill_curve", "table2", "table4a", "table4b", "tableB1", "tableB2",
-           "seeds", "lr_sweep", "budget_scaling", "advisor", "long_context", "served_fidelity",
+           "seeds", "lr_sweep", "budget_scaling", "advisor", "long_context", "served_fidelity", "suite",
            *(f"serving/{s}" for s in ("throughput", "latency", "kv-limit", "sharegpt")))
 # The raw folder each table of a reports root is rendered from (the workflow's rules; analysis.reproduce).
 TABLE_RAW = {"table1": "flops", "table_kv_memory": "flops", "simscore_crossings": "simscore",
              **{t: t for t in ("table2", "table4a", "table4b", "tableB1", "tableB2")}, "seeds": "seeds",
              "lr_sweep": "lr_sweep", "budget_scaling": "budget_scaling", "table3": "serving/kv-limit",
              "tableA3": "serving/sharegpt", "table_advisor": "advisor", "table_advisor_calibration": "advisor",
-             "table_long_context": "long_context", "table_serving_fidelity": "served_fidelity"}
+             "table_long_context": "long_context", "table_serving_fidelity": "served_fidelity",
+             "suite_selection": "suite"}
 
 # Fields that say when, where or how fast a result was computed, not what it is: left out of evidence_sha256.
 # Dotted paths from the top of a JSON document (and of each line of a JSONL log). The timings of the timing studies

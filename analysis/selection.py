@@ -9,8 +9,10 @@ above zero; the reported scores come from the other half (the *report* split), w
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from analysis.io import task_scores
 from analysis.stats import BootstrapSettings, mean_ci
@@ -69,3 +71,26 @@ def select_tasks(
         "dropped_for_budget": [c["source"] for c in dropped_for_budget],
         "candidates": candidates,
     }
+
+
+def suite_table(raw: str | Path) -> pd.DataFrame:
+    """The suite's selection (a raw folder of rule raw_suite: ``eval/<model>/tasks.json`` and the tasks' manifest),
+    one row per (model, candidate task, metric): the selection-half evidence, whether the metric is the task's better
+    one, whether the task is reported, and its report-half size."""
+    from analysis.io import read_json
+
+    raw = Path(raw)
+    manifest = read_json(raw / "tasks" / "bigbench" / "manifest.json")
+    rows = []
+    for tasks_json in sorted(raw.glob("eval/*/tasks.json")):
+        chosen = read_json(tasks_json)
+        reported = {t["source"]: t for t in chosen["tasks"]}
+        for c in chosen["candidates"]:
+            report = manifest["tasks"][c["source"]]["splits"]["report"]
+            rows.append({"model": tasks_json.parent.name, "task": c["source"], "metric": c["metric"],
+                         "selection_n": c["n"], "score": c["score"], "chance": c["chance"], "excess": c["excess"],
+                         "excess_low": c["excess_low"], "excess_high": c["excess_high"],
+                         "better_metric": bool(c.get("best_metric")),
+                         "reported": reported.get(c["source"], {}).get("metric") == c["metric"],
+                         "report_n": report["n"]})
+    return pd.DataFrame(rows)

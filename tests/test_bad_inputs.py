@@ -147,6 +147,9 @@ CASES = [
     Case("from-record-no-bigbench", ["bigbench", "from-record", "plain/config.json", "-o", "rebuilt"],
          "holds no BIG-bench task"),
     Case("from-record-missing", ["bigbench", "from-record", "nowhere.json.gz", "-o", "rebuilt"], "does not exist"),
+    Case("mmlu-unknown-subject", ["bigbench", "extract-mmlu", "--tasks", "mmlu/anatomy", "mmlu/cooking", "-o", "mm"],
+         "no MMLU subject mmlu/cooking"),
+    Case("mmlu-no-tasks", ["bigbench", "extract-mmlu", "-o", "mm"], "give --tasks mmlu/<subject>"),
     Case("bench-eval-no-tasks", ["bench", "eval", "plain", "-o", "e.json"], "nothing to time"),
     Case("bench-eval-scorer-twice", ["bench", "eval", "plain", "--task", "t", "--scorers", "packed", "packed",
                                      "-o", "e.json"], "names a scorer twice"),
@@ -529,15 +532,17 @@ def test_a_run_of_another_profile_is_refused_before_any_job(tmp_path):
 
 
 def test_a_default_run_without_bigbench_says_what_to_do_on_the_console(tmp_path):
-    """PyPI stopped serving bigbench==1.0.0: rule fetch_bigbench fails, and its one error line (naming --from and the
-    generated tasks) reaches the console, not only the log; nothing is left at the target. Here pip reads no index
-    at all, so the test does not depend on what PyPI serves."""
+    """PyPI stopped serving bigbench==1.0.0: rule fetch_bigbench (of a profile reading the sdist) fails, and its one
+    error line (naming --from and the generated tasks) reaches the console, not only the log; nothing is left at the
+    target. Here pip reads no index at all, so the test does not depend on what PyPI serves."""
     (tmp_path / "links").mkdir()
+    (tmp_path / "sdist.yaml").write_text("eval: {bigbench: {source: sdist}}\n")  # merged over the default profile
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "links"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     target = "resources/bigbench/bigbench-1.0.0.tar.gz"
     run = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
-                          "--configfile", str(ROOT / "config/config.yaml"), "--cores", "1", "--", target], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          "--configfile", str(ROOT / "config/config.yaml"), str(tmp_path / "sdist.yaml"), "--cores", "1", "--", target],
+                         cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode != 0, run.stderr[-2000:]
     line = next((x for x in run.stderr.splitlines() if x.startswith("error: pip could not download bigbench")), None)

