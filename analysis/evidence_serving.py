@@ -96,17 +96,21 @@ def _memory_limits(reports: Path) -> Evidence:
     """Per engine: (AcrossKV / SwiftKV 50%) throughput at the smallest KV limit minus at the largest, each the median
     of the rounds' ratios, the difference's interval by resampling each limit's rounds; its noise floor is the same
     statistic for the base model measured twice in the same rounds (base-again / base), which the effect must clear.
-    Without the raw serving results, the single-run Table 3 stands in."""
-    from analysis.serving import round_ratios
+    An engine decides only where the smallest limit binds (amended 2026-12-05): there, AcrossKV ran more requests at
+    once than SwiftKV (``analysis.serving.concurrency``); else its point has no interval. Without the raw serving
+    results, the single-run Table 3 stands in."""
+    from analysis.serving import concurrency, round_ratios
     from analysis.stats import median_difference_ci
 
     try:
         df, path = _serving(reports, "kv-limit")
     except NoEvidence:
         return _memory_limits_table(reports)
-    points, enough = [], True
+    df = df.assign(concurrency=concurrency(df))
+    points, enough, unbound = [], True, []
     for engine, g in df.groupby("engine"):
         runs = _rounds(g, "kv_limit_bytes")
+        at_once = {(r["kv_limit_bytes"], r["variant"]): r["concurrency"] for _, r in g.iterrows()}
         by_limit = {k: round_ratios(runs.get((k, ACROSSKV)), runs.get((k, SWIFTKV))) for k, _ in runs}
         limits = sorted(k for k, v in by_limit.items() if v is not None)
         if len(limits) < 2:
@@ -116,12 +120,30 @@ def _memory_limits(reports: Path) -> Evidence:
         noise = [round_ratios(runs.get((k, f"{REFERENCE}-again")), runs.get((k, REFERENCE))) for k in ends]
         floor = median_difference_ci(*noise) if all(noise) else None
         n = min(len(by_limit[k]) for k in ends)
-        enough &= n >= MIN_REPEATS and floor is not None
-        lo, hi = (est.low, est.high) if n >= MIN_REPEATS else (math.nan, math.nan)
-        points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats)",
+        across, swift = (at_once.get((ends[0], v), math.nan) for v in (ACROSSKV, SWIFTKV))
+        binds = across > swift  # False where either is unknown (NaN)
+        if not binds:
+            unbound.append(f"{engine}: at {ends[0] / 2**20:g} MiB AcrossKV ran {_count(across)} requests at once, "
+                           f"SwiftKV {_count(swift)}")
+        enough &= n >= MIN_REPEATS and floor is not None and binds
+        lo, hi = (est.low, est.high) if n >= MIN_REPEATS and binds else (math.nan, math.nan)
+        points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats, "
+                            f"{_n(across)} vs {_n(swift)} requests at once)",
                             est.value, lo, hi, noise=(floor.low, floor.high) if floor else (math.nan, math.nan)))
+    if points and unbound:
+        why = ("the smallest limit does not bind (AcrossKV must run more requests at once than SwiftKV there): "
+               + "; ".join(unbound))
+        return Evidence(points, [path], short=why, note=why)
     return _rounds_evidence(points, path, enough, "limits", f"no engine with {ACROSSKV} and {SWIFTKV} at two KV "
                             f"limits in {path}")
+
+
+def _count(value: float) -> str:
+    return "an unknown number of" if math.isnan(value) else f"{value:g}"
+
+
+def _n(value: float) -> str:
+    return "?" if math.isnan(value) else f"{value:g}"
 
 
 def _memory_limits_table(reports: Path) -> Evidence:

@@ -183,11 +183,12 @@ def latency_intervals(measured: pd.DataFrame, settings: BootstrapSettings = Boot
 def table3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Throughput under KV-cache limits: measured rows (every source), then the paper's (memory limits on H100)."""
     cols = ["source", "engine", "hardware", "model", "kv_limit", "variant", "label", "input_len", "output_len",
-            "num_requests", "batch_size", "throughput_tok_s", "speedup", *INTERVAL_COLUMNS,
+            "num_requests", "batch_size", "concurrency", "throughput_tok_s", "speedup", *INTERVAL_COLUMNS,
             "predicted_speedup", "kv_cache_bytes", "kv_cache_tokens", "status"]
     out = []
     if not measured.empty:
         m = speedup_intervals(measured)
+        m["concurrency"] = concurrency(m)
         m["kv_limit"] = (m["kv_limit_bytes"] / 2**20).map(lambda v: f"{v:g} MiB KV cache") if "kv_limit_bytes" in m \
             else None
         m["status"] = m.apply(_status_text, axis=1)
@@ -201,6 +202,15 @@ def table3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     p["status"] = p["note"].fillna("paper").replace("OOM", "paper: out of memory")
     out.append(p.reindex(columns=cols))
     return pd.concat(out, ignore_index=True)
+
+
+def concurrency(rows: pd.DataFrame) -> pd.Series:
+    """Requests each row's engine ran at once: as the run recorded it (``concurrency``: the hf engine's batch, vLLM's
+    peak of ``vllm:num_requests_running`` per round, median over rounds); for hf runs from before it was recorded,
+    the batch (the hf engine runs one batch at a time); else unknown (NaN)."""
+    recorded = rows["concurrency"] if "concurrency" in rows else pd.Series(float("nan"), index=rows.index)
+    batch = rows["batch_size"] if "batch_size" in rows else pd.Series(float("nan"), index=rows.index)
+    return recorded.astype(float).fillna(batch.where(rows["engine"] == "hf").astype(float))
 
 
 def table_a3(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:

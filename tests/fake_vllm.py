@@ -1,8 +1,9 @@
 """A stand-in for the vLLM CLI (tests only): answers the commands the serving driver uses, instantly.
 
 ``bench throughput`` writes a result JSON; ``serve`` answers /health on 127.0.0.1 and starts a child process, and
-records both pids in $FAKE_VLLM_PIDS (a KV cache below 1000 bytes fails like vLLM does); ``bench serve`` writes a
-result with throughput and latency fields. SwiftKV model directories get 1.5x the base throughput.
+records both pids in $FAKE_VLLM_PIDS (a KV cache below 1000 bytes fails like vLLM does), and its /metrics says how
+many requests it runs (as many as the cache holds); ``bench serve`` writes a result with throughput and latency
+fields. SwiftKV model directories get 1.5x the base throughput.
 """
 
 import http.server
@@ -51,10 +52,20 @@ def main(argv):
             with open(os.environ["FAKE_VLLM_PIDS"], "a") as f:
                 f.write(f"{os.getpid()} {child.pid}\n")
 
+        # /metrics: the running-requests gauge, as many as the cache holds at 1,000 bytes a request (1.5x for an
+        # AcrossKV model: its cache holds fewer layers), at most 8
+        per_request = 1000 / (1.5 if "acrosskv" in argv[1] else 1)
+        running = min(8, int(int(opt(argv, "--kv-cache-memory-bytes", "1000000")) // per_request))
+        metrics = ("# TYPE vllm:num_requests_running gauge\n"
+                   f'vllm:num_requests_running{{engine="0",model_name="{argv[1]}"}} {running}.0\n'
+                   f'vllm:num_requests_waiting{{engine="0",model_name="{argv[1]}"}} 0.0\n').encode()
+
         class Health(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
-                self.send_response(200 if self.path == "/health" else 404)
+                body = metrics if self.path == "/metrics" else b""
+                self.send_response(200 if self.path in ("/health", "/metrics") else 404)
                 self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *a):
                 pass

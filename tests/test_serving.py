@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerFast
 from swiftkv.bench.serving.hf import HFEngine, HFSettings
 from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
 from swiftkv.bench.serving.processes import process_group
-from swiftkv.bench.serving.variants import parse_variant, parse_variants
+from swiftkv.bench.serving.server_metrics import running_requests
+from swiftkv.bench.serving.variants import parse_variant, parse_variants, round_order
 from swiftkv.bench.serving.vllm import VllmEngine, VllmSettings
 from swiftkv.bench.serving.workloads import poisson_arrivals, random_prompts, select_sharegpt
 from swiftkv.data.conversations import Conversation
@@ -282,6 +283,40 @@ def test_vllm_throughput_and_kv_limit_rows(tmp_path):
     failed = rows[0]
     assert failed["status"] == "not_measured" and "KV cache cannot hold" in failed["reason"]
     assert rows[2]["throughput_tok_s"] == 1000.0 and rows[3]["speedup"] == 1.5
+    # the requests run at once, read from each server's /metrics while its rounds ran (the fake's gauge: 8)
+    assert [r["max_running"] for r in rows[2]["runs"]] == [8.0, 8.0] and rows[2]["concurrency"] == 8.0
+    # every round's variant order is drawn from the seed, recorded per point, and the same in a second run
+    orders = rows[2]["round_orders"]
+    assert len(orders) == 2 and all(sorted(o) == ["base", "swiftkv-50"] for o in orders)
+    assert orders == [round_order(["base", "swiftkv-50"], 0, f"kv-limit/{10**6}", i) for i in range(2)]
+
+
+def test_round_orders_are_drawn_per_round_and_recorded():
+    """No variant always runs first: over 20 rounds of 4 variants every variant leads at least once, and the orders
+    follow from (seed, point, round) alone."""
+    names = ["base", "swiftkv-50", "swiftkv-50-acrosskv-3", "base-again"]
+    orders = [round_order(names, 0, "kv-limit/51 MiB", i) for i in range(20)]
+    assert all(sorted(o) == sorted(names) for o in orders) and {o[0] for o in orders} == set(names)
+    assert orders == [round_order(names, 0, "kv-limit/51 MiB", i) for i in range(20)]
+    assert orders != [round_order(names, 1, "kv-limit/51 MiB", i) for i in range(20)]
+    engine = _engine(max_batch=8)
+    engine.settings.repeats = 3
+    per = expected_cache_bytes(engine.base.config, 10 + 3, 1, 4)
+    rows = engine.kv_limit(10, 3, num_requests=4, limits_bytes=[2 * per])
+    assert all(r["round_orders"] == rows[0]["round_orders"] for r in rows)
+    assert [sorted(o) for o in rows[0]["round_orders"]] == [sorted(r["variant"] for r in rows)] * 3
+    assert [r["concurrency"] for r in rows] == [r["batch_size"] for r in rows]
+
+
+def test_running_requests_are_read_from_prometheus_text():
+    text = ("# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n'
+            "vllm:num_requests_running_total 9\n"
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 5.0\n')
+    assert running_requests(text) == 5.0  # summed over engine cores; other metrics ignored
+    assert running_requests("# nothing here\n") is None
 
 
 def test_vllm_marks_arctic_acrosskv_rows(tmp_path):

@@ -134,15 +134,18 @@ def test_latency_claims_use_every_rate_and_report_the_lowest_tpot_rate_apart(tmp
     assert evaluate(tmp_path / "reports", registered_points=False).set_index("id").loc["tpot-lower", "verdict"] == FAILS
 
 
-def _memory_and_sharegpt(tmp_path, ratios=(0, 2, 5, 20, 100), drift: float = 0.0):
+def _memory_and_sharegpt(tmp_path, ratios=(0, 2, 5, 20, 100), drift: float = 0.0, binds: bool = True):
     """kv-limit and sharegpt studies with 5 rounds and the base-again noise floor; ``drift``: how much the base
-    model's second measurement moves with the limit and the ratio (a noise floor the effect may not clear)."""
+    model's second measurement moves with the limit and the ratio (a noise floor the effect may not clear);
+    ``binds``: whether AcrossKV ran more requests at once than SwiftKV at the smallest limit (3 vs 2, else 2 vs 2)."""
     variants = [*VARIANTS, {"id": "swiftkv-50-acrosskv-3", "num_key_value_layers": 2, "key_value_group_size": 3}]
     rows = []
-    for k, (limit, gain) in enumerate(((29 * 2**20, 1.3), (186 * 2**20, 1.02))):  # AcrossKV fits more at 29 MiB
+    for k, (limit, gain) in enumerate(((51 * 2**20, 1.3), (186 * 2**20, 1.02))):  # AcrossKV fits more at 51 MiB
         swift = [150.0 + i for i in range(5)]
-        rows += [{"variant": "swiftkv-50", "kv_limit_bytes": limit, "throughput_runs_tok_s": swift},
-                 {"variant": "swiftkv-50-acrosskv-3", "kv_limit_bytes": limit,
+        at_once = (3 if binds else 2, 2) if k == 0 else (8, 8)
+        rows += [{"variant": "swiftkv-50", "kv_limit_bytes": limit, "throughput_runs_tok_s": swift,
+                  "concurrency": at_once[1]},
+                 {"variant": "swiftkv-50-acrosskv-3", "kv_limit_bytes": limit, "concurrency": at_once[0],
                   "throughput_runs_tok_s": [s * (gain + 0.01 * (i % 2)) for i, s in enumerate(swift)]},
                  {"variant": "base", "kv_limit_bytes": limit, "throughput_runs_tok_s": [100.0] * 5},
                  {"variant": "base-again", "kv_limit_bytes": limit,
@@ -170,7 +173,8 @@ def test_memory_limit_and_sharegpt_claims_read_the_rounds_of_every_point(tmp_pat
     monkeypatch.chdir(tmp_path)
     frame = _memory_and_sharegpt(tmp_path)
     mem = frame.loc["acrosskv-helps-under-memory-limits"]
-    assert (mem.status, mem.verdict) == (DECIDED, HOLDS) and "29 vs 186 MiB (5 repeats)" in mem.points
+    assert (mem.status, mem.verdict) == (DECIDED, HOLDS)
+    assert "51 vs 186 MiB (5 repeats, 3 vs 2 requests at once)" in mem.points
     assert mem.estimate == pytest.approx(0.28, abs=0.02) and "noise [" in mem.points
     trend = frame.loc["speedup-grows-with-input-output-ratio"]
     assert (trend.status, trend.verdict, trend.estimate) == (DECIDED, HOLDS, pytest.approx(1.0))
@@ -179,6 +183,17 @@ def test_memory_limit_and_sharegpt_claims_read_the_rounds_of_every_point(tmp_pat
     monkeypatch.chdir(tmp_path / "few")
     few = _memory_and_sharegpt(tmp_path / "few", ratios=(0, 2, 100)).loc["speedup-grows-with-input-output-ratio"]
     assert (few.status, few.verdict) == (PROVISIONAL, UNCLEAR) and "(3 ratios, 5 repeats)" in few.points
+
+
+def test_the_memory_limit_claim_decides_only_where_the_smallest_limit_binds(tmp_path, monkeypatch):
+    """Registered amendment 2026-12-05: where AcrossKV ran no more requests at once than SwiftKV at the smallest limit,
+    the limit did not bind and the throughput difference cannot speak for the mechanism: no verdict, and why."""
+    from analysis.rules import UNCLEAR
+
+    monkeypatch.chdir(tmp_path)
+    mem = _memory_and_sharegpt(tmp_path, binds=False).loc["acrosskv-helps-under-memory-limits"]
+    assert mem.verdict == UNCLEAR and "(5 repeats, 2 vs 2 requests at once)" in mem.points
+    assert "does not bind" in mem.why and "AcrossKV ran 2 requests at once, SwiftKV 2" in mem.why
 
 
 def test_memory_limit_and_sharegpt_effects_must_clear_their_noise_floor(tmp_path, monkeypatch):

@@ -6,9 +6,10 @@ position's logits only, which is what triggers SwiftKV's prefill skip. Each gene
 that stamps the first token (prefill done) and the end, so every row also says where its time went.
 
 Timing: warm-up calls, then ``repeats`` rounds with the variants interleaved inside each round (drift and the
-neighbours' load hit every variant alike); medians with quartiles. Memory: after timing, one extra call per
-variant with large allocations unpooled measures the KV cache that ``generate`` built (``cache_bytes``) and
-the peak RSS (CPU) or allocator peak (CUDA) above the level before the call.
+neighbours' load hit every variant alike), in an order drawn per round from the seed and recorded
+(``round_orders``); medians with quartiles. ``concurrency``: the requests one generate call runs at once.
+Memory: after timing, one extra call per variant with large allocations unpooled measures the KV cache that
+``generate`` built (``cache_bytes``) and the peak RSS (CPU) or allocator peak (CUDA) above the level before the call.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from swiftkv.bench.serving.memory import PeakMemory, large_allocations_unpooled
 from swiftkv.bench.serving.predict import predicted_speedup
-from swiftkv.bench.serving.variants import VariantSpec, reference_of
+from swiftkv.bench.serving.variants import VariantSpec, reference_of, round_order
 from swiftkv.bench.serving.workloads import Request, poisson_arrivals, random_prompts, workload_stats
 from swiftkv.bench.speed import summarize
 from swiftkv.errors import SwiftKVError
@@ -161,18 +162,22 @@ class HFEngine:
                 r["paired_speedup"] = statistics.median(b / t for b, t in pairs)
         return rows
 
-    def _timed_rounds(self, plans: dict[str, list[tuple[torch.Tensor, int]]], desc: str) -> dict[str, list[Timing]]:
-        """``repeats`` rounds; in each, every variant runs all its (batch, output length) calls, interleaved."""
+    def _timed_rounds(self, plans: dict[str, list[tuple[torch.Tensor, int]]],
+                      desc: str) -> tuple[dict[str, list[Timing]], list[list[str]]]:
+        """``repeats`` rounds; in each, every variant runs all its (batch, output length) calls, in an order drawn
+        per round (``round_order``: no variant always runs first, or right after another). Returns the timings per
+        variant in round order and each round's order."""
         rounds = {name: [] for name in plans}
+        orders = [round_order(list(plans), self.settings.seed, desc, rep) for rep in range(self.settings.repeats)]
         bar = tqdm(total=self.settings.repeats * len(plans), desc=desc, disable=not self.progress, leave=False)
-        for _ in range(self.settings.repeats):
-            for name, plan in plans.items():
-                parts = [self.generate(self.models[name], ids, out) for ids, out in plan]
+        for order in orders:
+            for name in order:
+                parts = [self.generate(self.models[name], ids, out) for ids, out in plans[name]]
                 rounds[name].append(Timing(sum(p.total_s for p in parts), sum(p.prefill_s for p in parts),
                                            sum(p.decode_s for p in parts)))
                 bar.update()
         bar.close()
-        return rounds
+        return rounds, orders
 
     def _throughput_row(self, name: str, timings: list[Timing], tokens: int) -> dict:
         spec = self.specs[name]
@@ -205,11 +210,12 @@ class HFEngine:
             prompts = random_prompts(num_requests, length, self.base.config.vocab_size, self.settings.seed).to(self.device)
             batches = [(prompts[i:i + bs], output_len) for i in range(0, num_requests, bs)]
             self._warmup(batches[0][0])
-            rounds = self._timed_rounds({name: batches for name in self.models}, f"throughput in={length}")
+            rounds, orders = self._timed_rounds({name: batches for name in self.models}, f"throughput in={length}")
             tokens = num_requests * (length + output_len)
             point = []
             for name, timings in rounds.items():
                 row = {"input_len": length, "output_len": output_len, "num_requests": num_requests, "batch_size": bs,
+                       "concurrency": min(bs, num_requests), "round_orders": orders,
                        **self._throughput_row(name, timings, tokens),
                        "predicted_speedup": self._predicted(self.specs[name], [(length, output_len)] * num_requests)}
                 jobs.append((row, name, batches[0][0], output_len))
@@ -232,7 +238,7 @@ class HFEngine:
                 fits[name] = min(self.settings.max_batch, num_requests, limit // per_request[name])
             plans = {n: [(prompts[i:i + fits[n]], output_len) for i in range(0, num_requests, fits[n])]
                      for n in self.models if fits[n] > 0}
-            rounds = self._timed_rounds(plans, f"kv-limit {limit / 2**20:.0f} MiB")
+            rounds, orders = self._timed_rounds(plans, f"kv-limit {limit / 2**20:.0f} MiB")
             tokens = num_requests * (input_len + output_len)
             point = []
             for name in self.models:
@@ -244,7 +250,9 @@ class HFEngine:
                                   "status": "does_not_fit", "throughput_tok_s": None,
                                   "reason": f"one request needs {per_request[name] / 2**20:.1f} MiB of KV cache"})
                     continue
-                row = {**base, "batch_size": fits[name], **self._throughput_row(name, rounds[name], tokens),
+                # requests at once: the batch, as many as the limit holds (every call but maybe the last is full)
+                row = {**base, "batch_size": fits[name], "concurrency": fits[name], "round_orders": orders,
+                       **self._throughput_row(name, rounds[name], tokens),
                        "predicted_speedup": self._predicted(self.specs[name], [(input_len, output_len)] * num_requests)}
                 jobs.append((row, name, plans[name][0][0], output_len))
                 point.append(row)
@@ -332,13 +340,15 @@ class HFEngine:
                                        f"{r.input_len}: remake the selection with this model's tokenizer")
             plan = [(ids, r.output_len) for ids, r in zip(encoded, requests)]
             self._warmup(encoded[0])
-            rounds = self._timed_rounds({name: plan for name in self.models}, f"sharegpt ratio>={entry['min_ratio']}")
+            rounds, orders = self._timed_rounds({name: plan for name in self.models},
+                                                f"sharegpt ratio>={entry['min_ratio']}")
             tokens = sum(r.input_len + r.output_len for r in requests)
             lengths = [(r.input_len, r.output_len) for r in requests]
             point = []
             for name, timings in rounds.items():
                 row = {"min_ratio": entry["min_ratio"], "passing": entry.get("passing"), **workload_stats(requests),
-                       "batch_size": 1, **self._throughput_row(name, timings, tokens),
+                       "batch_size": 1, "concurrency": 1, "round_orders": orders,
+                       **self._throughput_row(name, timings, tokens),
                        "predicted_speedup": self._predicted(self.specs[name], lengths)}
                 point.append(row)
             rows += self._rows_with_speedup(point)

@@ -14,6 +14,7 @@ A variant is given on the command line as ``--variant SPEC``, where SPEC is eith
 from __future__ import annotations
 
 import json
+import random
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -91,3 +92,11 @@ def parse_variants(texts: list[str] | None, noise_floor: bool = False) -> list[V
     if len(set(ids)) != len(ids):
         raise SwiftKVError(f"variant ids must be unique, got {ids}")
     return specs
+
+
+def round_order(names: list[str], seed: int, point: str, round_index: int) -> list[str]:
+    """The variants' order in one round of one point: a permutation drawn from (seed, point, round), the same on
+    every machine and run (``random.Random`` seeded with a string is), recorded with the results."""
+    order = list(names)
+    random.Random(f"{seed}/{point}/{round_index}").shuffle(order)
+    return order

@@ -6,9 +6,10 @@ defaults to ``bin/vllm-env vllm``, the CPU build in ``.venv-vllm``):
 
 - throughput, kv-limit, sharegpt: one ``vllm serve`` per variant on 127.0.0.1, all started together and up at once
   (an idle server takes ~1% of a CPU), then ``repeats`` rounds, in each every point's prompts are sent at once to
-  every variant's server in turn (``vllm bench serve --request-rate inf``), so rounds interleave variants and
-  start-up (~40 s a server here) is paid once per variant, not once per run; kv-limit: one set of servers per
-  limit (the cache size is the server's);
+  every variant's server in turn, in an order drawn per round from the seed (``round_orders``), with ``vllm bench
+  serve --request-rate inf``, so rounds interleave variants and start-up (~40 s a server here) is paid once per
+  variant, not once per run; kv-limit: one set of servers per limit (the cache size is the server's). While a
+  round runs, the server's ``/metrics`` is polled for the requests it runs at once (``concurrency``);
 - latency: ``vllm bench serve --request-rate R`` for each rate, per-request TTFT and TPOT kept (``--save-detailed``;
   ``swiftkv.bench.serving.vllm_latency``).
 
@@ -40,7 +41,8 @@ from tqdm.auto import tqdm
 
 from swiftkv.bench.serving.predict import predicted_speedup
 from swiftkv.bench.serving.processes import cpu_list, free_port, process_group, tail
-from swiftkv.bench.serving.variants import VariantSpec, reference_of
+from swiftkv.bench.serving.server_metrics import RunningRequests
+from swiftkv.bench.serving.variants import VariantSpec, reference_of, round_order
 from swiftkv.bench.serving.vllm_latency import LatencyStudy
 from swiftkv.bench.serving.workloads import Request, workload_stats, write_vllm_sharegpt
 from swiftkv.bench.vllm_throughput import kv_capacity as kv_capacity_of_text
@@ -101,6 +103,7 @@ class VllmEngine(LatencyStudy):
         self.base_config = _model_config(model)
         self._configs = {model: self.base_config}
         self.skipped = {s.id: r for s in specs if (r := self._unsupported(s))}
+        self.round_orders: dict[str, list[list[str]]] = {}  # point -> each round's variant order
 
     # -- environment ------------------------------------------------------------------------------------------
 
@@ -199,7 +202,9 @@ class VllmEngine(LatencyStudy):
     def bench_served(self, spec: VariantSpec, url: str, dataset_args: list[str], num_prompts: int, tag: str,
                      warmup: int = 0) -> dict:
         """One round of a throughput point on a running server: every prompt at once (``vllm bench serve
-        --request-rate inf``, outputs of their full length); combined tokens/s and the round's wall time."""
+        --request-rate inf``, outputs of their full length); combined tokens/s, the round's wall time, and the most
+        requests the engine ran at once (``max_running``, its ``/metrics`` polled while the round ran; None where
+        the server exposes no such gauge)."""
         out = self.workdir / f"{tag}.json"
         cmd = [*self.settings.command, "bench", "serve", "--backend", "vllm", "--base-url", url,
                "--model", self.model_of(spec), *dataset_args, "--ignore-eos", "--num-prompts", str(num_prompts),
@@ -207,19 +212,22 @@ class VllmEngine(LatencyStudy):
                str(out.parent), "--result-filename", out.name]
         if warmup:
             cmd += ["--num-warmups", str(warmup)]
-        self._run(cmd, spec, tag)
+        with RunningRequests(url) as running:
+            self._run(cmd, spec, tag)
         r = json.loads(out.read_text())
         if r.get("failed"):
             raise RuntimeError(f"{r['failed']} of {num_prompts} requests failed; see {out}")
         tokens = r["total_input_tokens"] + r["total_output_tokens"]
         return {"elapsed_time": r["duration"], "num_requests": r["completed"], "total_num_tokens": tokens,
-                "requests_per_second": r["request_throughput"], "tokens_per_second": r["total_token_throughput"]}
+                "requests_per_second": r["request_throughput"], "tokens_per_second": r["total_token_throughput"],
+                "max_running": running.peak}
 
     def _rounds(self, tag: str, points: list[tuple[str, list[str], int]], max_model_len: int,
                 kv_bytes: int | None) -> dict[str, dict[str, list[dict] | str]]:
         """Every variant's server up at once (an idle one takes ~1% of a CPU), then ``repeats`` rounds; in each, every
-        point's workload (name, dataset arguments, prompts) goes to every variant's server in turn, as the hf
-        engine's rounds run, so that a round's ratios compare runs made minutes apart. Server start-up is paid once
+        point's workload (name, dataset arguments, prompts) goes to every variant's server in turn (an order drawn
+        per round: ``round_order``), as the hf engine's rounds run, so that a round's ratios compare runs made
+        minutes apart. Server start-up is paid once
         per variant, not once per run. Returns point -> variant -> its rounds, or the variant's error line."""
         names = [n for n in self.specs if n not in self.skipped]
         results: dict[str, dict[str, list[dict] | str]] = {point: {n: [] for n in names} for point, _, _ in points}
@@ -241,7 +249,10 @@ class VllmEngine(LatencyStudy):
                        leave=False)
             for rep in range(self.settings.repeats):
                 for point, data, num_prompts in points:
-                    for name, url in urls.items():
+                    order = round_order(list(urls), self.settings.seed, point, rep)  # drawn per round, recorded
+                    self.round_orders.setdefault(point, []).append(order)
+                    for name in order:
+                        url = urls[name]
                         bar.update()
                         if isinstance(results[point][name], str):
                             continue
@@ -255,7 +266,7 @@ class VllmEngine(LatencyStudy):
             bar.close()
         return results
 
-    def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]]) -> list[dict]:
+    def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]], point: str) -> list[dict]:
         rows = []
         for name, spec in self.specs.items():
             row = {"variant": name, "label": spec.label or name, "num_key_value_layers": spec.num_key_value_layers,
@@ -274,6 +285,9 @@ class VllmEngine(LatencyStudy):
                     engine_total_tokens=runs[0]["total_num_tokens"],
                     kv_cache_tokens=runs[0].get("kv_cache_tokens"),  # the engine's own capacity (start-up log)
                     requests_per_second=statistics.median(r["requests_per_second"] for r in runs),
+                    # requests the engine ran at once: the median over rounds of each round's peak (/metrics)
+                    concurrency=_median_or_none([r.get("max_running") for r in runs]),
+                    round_orders=self.round_orders.get(point),
                     runs=runs,
                 )
             row["predicted_speedup"] = (predicted_speedup(self.base_config, lengths, spec.num_key_value_layers,
@@ -302,7 +316,7 @@ class VllmEngine(LatencyStudy):
         for length, (point, _, _) in zip(input_lens, points):
             rows += self._throughput_rows(results[point], {"input_len": length, "output_len": output_len,
                                                            "num_requests": num_requests},
-                                          [(length, output_len)] * num_requests)
+                                          [(length, output_len)] * num_requests, point)
         return rows
 
     def kv_limit(self, input_len: int, output_len: int, num_requests: int, limits_bytes: list[int]) -> list[dict]:
@@ -314,7 +328,7 @@ class VllmEngine(LatencyStudy):
                                    limit)
             rows += self._throughput_rows(results[point], {"kv_limit_bytes": limit, "input_len": input_len,
                                                            "output_len": output_len, "num_requests": num_requests},
-                                          [(input_len, output_len)] * num_requests)
+                                          [(input_len, output_len)] * num_requests, point)
         return rows
 
     def sharegpt(self, filters: list[dict]) -> list[dict]:
@@ -337,7 +351,7 @@ class VllmEngine(LatencyStudy):
             requests = [Request(**r) for r in entry["requests"]]
             rows += self._throughput_rows(results[point], {"min_ratio": entry["min_ratio"],
                                                            "passing": entry.get("passing"), **workload_stats(requests)},
-                                          pairs)
+                                          pairs, point)
         return rows
 
     def _server_log(self, tag: str) -> Path:
@@ -368,6 +382,11 @@ class VllmEngine(LatencyStudy):
             time.sleep(2)
         self._note_version(log)
         return url
+
+
+def _median_or_none(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def settings_dict(settings: VllmSettings) -> dict:
