@@ -11,10 +11,17 @@ from analysis.raw import ARCHIVE, ARCHIVE_KINDS, MANIFEST, STUDIES, read_manifes
 
 
 def folders(reports: str | Path) -> list[Path]:
-    """The raw folders of a reports root (``<reports>/raw/<study>``, ``raw/serving/<study>``), archive left out."""
+    """The raw folders of a reports root (``<reports>/raw/<study>``, ``raw/serving/<study>``), archive left out. A
+    file named like a manifest inside a raw folder (the suite's ``tasks/bigbench/manifest.json``) is one of its
+    files, not another folder."""
     raw = Path(reports) / "raw"
-    return sorted(m.parent for m in raw.rglob(MANIFEST)
-                  if m.parent.relative_to(raw).parts[:1] != (ARCHIVE,))
+    return [f for f in _roots(raw) if f.relative_to(raw).parts[:1] != (ARCHIVE,)]
+
+
+def _roots(raw: Path) -> list[Path]:
+    """Every folder under ``raw`` with a manifest that is not inside another such folder (archive included)."""
+    found = sorted(m.parent for m in raw.rglob(MANIFEST))
+    return [f for f in found if not any(other in f.parents for other in found)]
 
 
 def computed_at(root: str | Path) -> list[str]:
@@ -60,7 +67,7 @@ def layout_problems(reports: str | Path) -> list[str]:
     raw = Path(reports) / "raw"
     if not raw.is_dir():
         return []
-    roots = sorted(m.parent for m in raw.rglob(MANIFEST))
+    roots = _roots(raw)
     problems = [f"{f.relative_to(raw)}: not in a raw folder" for f in sorted(raw.rglob("*"))
                 if f.is_file() and not f.name.startswith(".") and not any(d in roots for d in f.parents)]
     kinds = ", ".join(f"{ARCHIVE}/{k}/<name>" for k in ARCHIVE_KINDS)

@@ -22,7 +22,7 @@ from analysis.raw import (
     uncommitted,
     verify,
 )
-from analysis.raw_summary import computed_at, dirty_mark, layout_problems, summary
+from analysis.raw_summary import computed_at, dirty_mark, folders, layout_problems, summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,6 +170,19 @@ def test_summary_lists_nested_raw_folders_and_leaves_the_archive_out(raw):
     assert summary("results/reports") == {"serving/throughput": {"collected at": "c0ffee", "config hash": "hash",
                                                                  "files": 2},
                                           "table2": {"collected at": "abc", "config hash": "hash", "files": 0}}
+
+
+def test_a_file_named_manifest_inside_a_raw_folder_is_one_of_its_files(tmp_path, monkeypatch):
+    """The suite's raw folder holds the tasks' own manifest (tasks/bigbench/manifest.json): it is a file of the
+    folder, not a raw folder of its own, for the summary, publish's folder list and the layout check."""
+    monkeypatch.chdir(tmp_path)
+    src = Path("results/tasks/bigbench/manifest.json")
+    src.parent.mkdir(parents=True)
+    src.write_text('{"tasks": {}}')
+    collect([str(src)], Path("reports/raw/suite"), "h", "c")
+    assert folders("reports") == [Path("reports/raw/suite")]
+    assert summary("reports") == {"suite": {"collected at": "c", "config hash": "h", "files": 1}}
+    assert layout_problems(tmp_path / "reports") == []
 
 
 def test_the_command_line_collects_only_into_a_run_and_restores_and_verifies(tmp_path, monkeypatch, capsys):
