@@ -123,8 +123,9 @@ def _memory_limits(reports: Path) -> Evidence:
         across, swift = (at_once.get((ends[0], v), math.nan) for v in (ACROSSKV, SWIFTKV))
         binds = across > swift  # False where either is unknown (NaN)
         if not binds:
-            unbound.append(f"{engine}: at {ends[0] / 2**20:g} MiB AcrossKV ran {_count(across)} requests at once, "
-                           f"SwiftKV {_count(swift)}")
+            at = f"{engine}: at {ends[0] / 2**20:g} MiB"
+            unbound.append(f"{at} the requests run at once were not recorded" if math.isnan(across + swift) else
+                           f"{at} AcrossKV ran {across:g} and SwiftKV {swift:g} requests at once")
         enough &= n >= MIN_REPEATS and floor is not None and binds
         lo, hi = (est.low, est.high) if n >= MIN_REPEATS and binds else (math.nan, math.nan)
         points.append(Point(f"{engine}: {limits[0] / 2**20:g} vs {limits[-1] / 2**20:g} MiB ({n} repeats, "
@@ -136,10 +137,6 @@ def _memory_limits(reports: Path) -> Evidence:
         return Evidence(points, [path], short=why, note=why)
     return _rounds_evidence(points, path, enough, "limits", f"no engine with {ACROSSKV} and {SWIFTKV} at two KV "
                             f"limits in {path}")
-
-
-def _count(value: float) -> str:
-    return "an unknown number of" if math.isnan(value) else f"{value:g}"
 
 
 def _n(value: float) -> str:

@@ -193,7 +193,7 @@ def test_the_memory_limit_claim_decides_only_where_the_smallest_limit_binds(tmp_
     monkeypatch.chdir(tmp_path)
     mem = _memory_and_sharegpt(tmp_path, binds=False).loc["acrosskv-helps-under-memory-limits"]
     assert mem.verdict == UNCLEAR and "(5 repeats, 2 vs 2 requests at once)" in mem.points
-    assert "does not bind" in mem.why and "AcrossKV ran 2 requests at once, SwiftKV 2" in mem.why
+    assert "does not bind" in mem.why and "at 51 MiB AcrossKV ran 2 and SwiftKV 2 requests at once" in mem.why
 
 
 def test_memory_limit_and_sharegpt_effects_must_clear_their_noise_floor(tmp_path, monkeypatch):
