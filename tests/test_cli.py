@@ -183,4 +183,5 @@ def test_every_folder_a_command_writes_has_a_kind():
     assert "bigbench generate" in found and "bigbench extract" in found
     unknown = {cmd: what for cmd, what in found.items() if kind_of(what) is None}
     assert not unknown, unknown
-    assert kind_of(found["bigbench generate"]) != kind_of(found["bigbench extract"])
+    kinds = [kind_of(found[f"bigbench {c}"]) for c in ("generate", "extract", "extract-mmlu")]
+    assert len(set(kinds)) == 3  # a folder of one source's tasks is never filled by another's command

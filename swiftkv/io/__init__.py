@@ -58,6 +58,7 @@ KINDS = (
     ("served-fidelity", "benchmark work folder"),
     ("BIG-bench task.json", "BIG-bench task files"),
     ("generated task.json", "generated task files"),
+    ("MMLU task.json", "MMLU task files"),
     ("lm-eval tasks", "lm-eval task folder"),
     ("lm-eval perplexity task", "lm-eval task folder"),
     ("raw results", "raw results folder"),
