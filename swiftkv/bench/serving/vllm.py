@@ -103,7 +103,6 @@ class VllmEngine(LatencyStudy):
         self.base_config = _model_config(model)
         self._configs = {model: self.base_config}
         self.skipped = {s.id: r for s in specs if (r := self._unsupported(s))}
-        self.round_orders: dict[str, list[list[str]]] = {}  # point -> each round's variant order
 
     # -- environment ------------------------------------------------------------------------------------------
 
@@ -223,14 +222,15 @@ class VllmEngine(LatencyStudy):
                 "max_running": running.peak}
 
     def _rounds(self, tag: str, points: list[tuple[str, list[str], int]], max_model_len: int,
-                kv_bytes: int | None) -> dict[str, dict[str, list[dict] | str]]:
+                kv_bytes: int | None) -> tuple[dict[str, dict[str, list[dict] | str]], dict[str, list[list[str]]]]:
         """Every variant's server up at once (an idle one takes ~1% of a CPU), then ``repeats`` rounds; in each, every
         point's workload (name, dataset arguments, prompts) goes to every variant's server in turn (an order drawn
         per round: ``round_order``), as the hf engine's rounds run, so that a round's ratios compare runs made
-        minutes apart. Server start-up is paid once
-        per variant, not once per run. Returns point -> variant -> its rounds, or the variant's error line."""
+        minutes apart. Server start-up is paid once per variant, not once per run. Returns point -> variant -> its
+        rounds, or the variant's error line; and point -> each round's variant order."""
         names = [n for n in self.specs if n not in self.skipped]
         results: dict[str, dict[str, list[dict] | str]] = {point: {n: [] for n in names} for point, _, _ in points}
+        orders: dict[str, list[list[str]]] = {point: [] for point, _, _ in points}
         with contextlib.ExitStack() as stack:
             urls, capacity = {}, {}
             # all launched before any is waited for: their start-ups (imports, mostly one core each) overlap
@@ -250,7 +250,7 @@ class VllmEngine(LatencyStudy):
             for rep in range(self.settings.repeats):
                 for point, data, num_prompts in points:
                     order = round_order(list(urls), self.settings.seed, point, rep)  # drawn per round, recorded
-                    self.round_orders.setdefault(point, []).append(order)
+                    orders[point].append(order)
                     for name in order:
                         url = urls[name]
                         bar.update()
@@ -264,9 +264,10 @@ class VllmEngine(LatencyStudy):
                             logger.error("%s", err)
                             results[point][name] = str(err)
             bar.close()
-        return results
+        return results, orders
 
-    def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]], point: str) -> list[dict]:
+    def _throughput_rows(self, results, extra: dict, lengths: list[tuple[int, int]],
+                         orders: list[list[str]]) -> list[dict]:
         rows = []
         for name, spec in self.specs.items():
             row = {"variant": name, "label": spec.label or name, "num_key_value_layers": spec.num_key_value_layers,
@@ -287,7 +288,7 @@ class VllmEngine(LatencyStudy):
                     requests_per_second=statistics.median(r["requests_per_second"] for r in runs),
                     # requests the engine ran at once: the median over rounds of each round's peak (/metrics)
                     concurrency=_median_or_none([r.get("max_running") for r in runs]),
-                    round_orders=self.round_orders.get(point),
+                    round_orders=orders,
                     runs=runs,
                 )
             row["predicted_speedup"] = (predicted_speedup(self.base_config, lengths, spec.num_key_value_layers,
@@ -311,12 +312,12 @@ class VllmEngine(LatencyStudy):
     def throughput(self, input_lens: list[int], output_len: int, num_requests: int) -> list[dict]:
         max_len = self._len(max(input_lens) + output_len)
         points = [(f"throughput/in{n}", self._random(n, output_len), num_requests) for n in input_lens]
-        results = self._rounds("throughput", points, max_len, self.settings.kv_cache_bytes)
+        results, orders = self._rounds("throughput", points, max_len, self.settings.kv_cache_bytes)
         rows = []
         for length, (point, _, _) in zip(input_lens, points):
             rows += self._throughput_rows(results[point], {"input_len": length, "output_len": output_len,
                                                            "num_requests": num_requests},
-                                          [(length, output_len)] * num_requests, point)
+                                          [(length, output_len)] * num_requests, orders[point])
         return rows
 
     def kv_limit(self, input_len: int, output_len: int, num_requests: int, limits_bytes: list[int]) -> list[dict]:
@@ -324,11 +325,11 @@ class VllmEngine(LatencyStudy):
         max_len = input_len + output_len  # the smallest model length, so that small caches are accepted
         for limit in limits_bytes:  # the cache size is the server's: one set of servers per limit
             point = f"kv-limit/{limit}"
-            results = self._rounds(point, [(point, self._random(input_len, output_len), num_requests)], max_len,
-                                   limit)
+            results, orders = self._rounds(point, [(point, self._random(input_len, output_len), num_requests)],
+                                           max_len, limit)
             rows += self._throughput_rows(results[point], {"kv_limit_bytes": limit, "input_len": input_len,
                                                            "output_len": output_len, "num_requests": num_requests},
-                                          [(input_len, output_len)] * num_requests, point)
+                                          [(input_len, output_len)] * num_requests, orders[point])
         return rows
 
     def sharegpt(self, filters: list[dict]) -> list[dict]:
@@ -345,13 +346,13 @@ class VllmEngine(LatencyStudy):
             points.append((f"sharegpt/ratio{entry['min_ratio']}", data, len(requests)))
             lengths.append([(r.input_len, r.output_len) for r in requests])
         max_len = self._len(max(i + o for pairs in lengths for i, o in pairs))
-        results = self._rounds("sharegpt", points, max_len, self.settings.kv_cache_bytes)
+        results, orders = self._rounds("sharegpt", points, max_len, self.settings.kv_cache_bytes)
         rows = []
         for entry, (point, _, _), pairs in zip(filters, points, lengths):
             requests = [Request(**r) for r in entry["requests"]]
             rows += self._throughput_rows(results[point], {"min_ratio": entry["min_ratio"],
                                                            "passing": entry.get("passing"), **workload_stats(requests)},
-                                          pairs, point)
+                                          pairs, orders[point])
         return rows
 
     def _server_log(self, tag: str) -> Path:
