@@ -11,9 +11,9 @@ logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
 RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the tables read; never the weights
 params = snakemake.params  # noqa: F821
 sources = [p for p in snakemake.input if Path(p).is_file()]  # noqa: F821
-sources += [f"{d}/{name}" for d in snakemake.input if Path(d).is_dir() and not Path(d).parts[:2] == ("results", "tasks")
-            for name in RUN_FILES]  # noqa: F821
-sources += list(getattr(snakemake.params, "files", []))  # noqa: F821  files inside a folder input (raw_suite)
+files = list(getattr(params, "files", []))  # named files inside folder inputs (raw_suite: the tasks' manifest)
+runs = [d for d in snakemake.input if Path(d).is_dir() and not any(Path(d) in Path(f).parents for f in files)]  # noqa: F821
+sources += [f"{d}/{name}" for d in runs for name in RUN_FILES] + files  # of another folder: its run files
 commit = git_commit()
 dirty = uncommitted() if commit.endswith("+dirty") else None  # recorded and marked; analysis.publish refuses it
 out = Path(snakemake.output[0])  # noqa: F821
