@@ -48,10 +48,11 @@ def test_subjects_become_cloze_tasks_in_lm_evals_mmlu_format(tmp_path):
 
 
 def test_unknown_subjects_write_nothing(tmp_path):
+    subjects, _ = mmlu.read_subjects(fake_file(tmp_path))
     with pytest.raises(SwiftKVError, match="no MMLU subject mmlu/cooking; names are mmlu/<subject>"):
-        mmlu.write_mmlu_tasks(["mmlu/anatomy", "mmlu/cooking"], tmp_path / "out", fake_file(tmp_path))
+        mmlu.write_mmlu_tasks(["mmlu/anatomy", "mmlu/cooking"], tmp_path / "out", subjects)
     assert not (tmp_path / "out").exists()
-    paths = mmlu.write_mmlu_tasks(["mmlu/high_school_mathematics"], tmp_path / "out", fake_file(tmp_path))
+    paths = mmlu.write_mmlu_tasks(["mmlu/high_school_mathematics"], tmp_path / "out", subjects)
     assert paths == [tmp_path / "out" / "mmlu" / "high_school_mathematics" / "task.json"]
     assert json.loads(paths[0].read_text())["examples"] == [{"input": "What is 2 + 2?",
                                                              "target_scores": {"3": 0, "4": 1, "5": 0, "6": 0}}]

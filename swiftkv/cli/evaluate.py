@@ -43,6 +43,8 @@ def cmd_bigbench_generate(args) -> None:
 
 
 def cmd_bigbench_extract_mmlu(args) -> None:
+    import logging
+
     from swiftkv.data.mmlu import check_names, read_subjects, write_mmlu_tasks
     from swiftkv.io import open_output_dir
 
@@ -54,8 +56,10 @@ def cmd_bigbench_extract_mmlu(args) -> None:
     if not args.tasks or not args.output:
         raise SwiftKVError("give --tasks mmlu/<subject> ... and --output DIR (or --list to see the subjects)")
     check_names(args.tasks, sorted(subjects))  # before the output folder is made
+    if skipped:
+        logging.getLogger(__name__).info("MMLU lines skipped: %s", ", ".join(f"{n} {why}" for why, n in skipped.items()))
     open_output_dir(args.output, args.overwrite, args.output_what)
-    for path in write_mmlu_tasks(args.tasks, args.output, subjects=(subjects, skipped)):
+    for path in write_mmlu_tasks(args.tasks, args.output, subjects):
         print(path)
 
 

