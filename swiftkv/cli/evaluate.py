@@ -57,7 +57,8 @@ def cmd_bigbench_extract_mmlu(args) -> None:
         raise SwiftKVError("give --tasks mmlu/<subject> ... and --output DIR (or --list to see the subjects)")
     check_names(args.tasks, sorted(subjects))  # before the output folder is made
     if skipped:
-        logging.getLogger(__name__).info("MMLU lines skipped: %s", ", ".join(f"{n} {why}" for why, n in skipped.items()))
+        logging.getLogger(__name__).info("MMLU lines skipped: %s",
+                                         ", ".join(f"{n} {why}" for why, n in skipped.items()))
     open_output_dir(args.output, args.overwrite, args.output_what)
     for path in write_mmlu_tasks(args.tasks, args.output, subjects):
         print(path)
