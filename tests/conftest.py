@@ -57,15 +57,43 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def at_collection(raw: Path, path: str) -> str:
+    """The text of the repository file ``path`` at the commit that collected the raw folder ``raw`` (its manifest's
+    ``collected_at``, less a ``+dirty`` mark): what the run behind a committed table was configured with, which a
+    registered run's config (a later commit) may extend before the run has produced its results."""
+    import json
+    import subprocess
+
+    commit = json.loads((raw / "manifest.json").read_text())["collected_at"].split("+")[0]
+    out = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, (f"git show {commit}:{path} failed ({out.stderr.strip()}): the committed tables are "
+                                 f"checked against the config they were run with, which needs the git history "
+                                 f"(a clone without --depth)")
+    return out.stdout
+
+
 def committed_raw(study: str) -> tuple[Path, dict]:
-    """A committed raw folder of the default profile, checked intact against its manifest, and that profile."""
+    """A committed raw folder of the default profile, checked intact against its manifest, and that profile as it
+    was when the folder was collected (``at_collection``)."""
     import yaml
 
     from analysis.raw import verify
 
     raw = REPO / "reports" / "raw" / study
     assert verify(raw) == []
-    return raw, yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return raw, yaml.safe_load(at_collection(raw, "config/config.yaml"))
+
+
+def committed_sheet(study: str, dtype=str):
+    """config/variants.tsv as it was when the raw folder ``study`` was collected, as a frame (of strings, unless
+    ``dtype`` is None: pandas' own types)."""
+    import io
+
+    import pandas as pd
+
+    text = at_collection(REPO / "reports" / "raw" / study, "config/variants.tsv")
+    return pd.read_csv(io.StringIO(text), sep="\t", dtype=dtype, keep_default_na=False)
+
 
 TINY = dict(
     vocab_size=101,

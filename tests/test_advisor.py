@@ -207,11 +207,11 @@ def test_committed_advisor_tables_regenerate_from_their_raw_results_and_the_read
     from analysis.advisor import advisor_markdown, advisor_tables
     from analysis.io import read_json
     from analysis.raw import raw_path
-    from tests.conftest import committed_raw
+    from tests.conftest import committed_raw, committed_sheet
 
     root = Path(__file__).resolve().parents[1]
     raw, profile = committed_raw("advisor")
-    sheet = pd.read_csv(root / "config" / "variants.tsv", sep="\t", keep_default_na=False)
+    sheet = committed_sheet("table2", dtype=None)  # the rows of the committed Table 2 the calibration reads
     rows = [{**r, "kv_heads": r["kv_heads"] or None} for r in sheet.to_dict("records")]
     results = [read_json(raw_path(raw, f"results/advise/{m}.json")) for m in profile["advise"]["models"]]
     cands, cal = advisor_tables(results, pd.read_csv(root / "reports" / "table2.csv"), rows,

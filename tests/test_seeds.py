@@ -15,6 +15,7 @@ from analysis.accuracy import Row, build_table
 from analysis.distill import lr_sweep_table
 from analysis.seeds import SeedRun, build_seeds_table
 from analysis.stats import BootstrapSettings, hierarchical_difference_ci, paired_difference_ci
+from tests.conftest import committed_raw, committed_sheet
 from tests.test_analysis_eval import fake_result
 from tests.test_workflow_distill import dry_run
 
@@ -238,16 +239,15 @@ def test_committed_seeds_csv_regenerates_from_its_raw_results_and_the_readme_quo
     from analysis.raw import verify
     from analysis.seeds import seed_runs, seeds_from_raw, seeds_markdown
 
-    root, s = RAW / "seeds", PROFILE["seeds"]
-    assert verify(root) == []
-    sheet = pd.read_csv(ROOT / "config" / "variants.tsv", sep="\t", keep_default_na=False)
+    root, profile = committed_raw("seeds")  # the config the run was collected with (a registered run may extend it)
+    s, sheet = profile["seeds"], committed_sheet("seeds")
     models = []
     for model in s["models"]:
         rows = sheet[sheet.model == model].set_index("variant")
         trained = {v: rows.loc[v, "train"] == "yes" for v in s["variants"]}
-        models.append({"model": model, "runs": seed_runs(model, s["variants"], s["seeds"], PROFILE["distill"]["seed"],
+        models.append({"model": model, "runs": seed_runs(model, s["variants"], s["seeds"], profile["distill"]["seed"],
                                                          trained)})
-    boot = PROFILE["eval"]["bootstrap"]
+    boot = profile["eval"]["bootstrap"]
     table = seeds_from_raw(root, models, s["reference"], BootstrapSettings(boot["resamples"], boot["confidence"],
                                                                            boot["seed"]))
     committed = (ROOT / "reports" / "seeds.csv").read_text()
@@ -262,16 +262,15 @@ def test_committed_accuracy_tables_regenerate_from_their_raw_results(table):
     from analysis.accuracy import table_from_raw
     from analysis.raw import verify
 
-    root = RAW / table
-    assert verify(root) == []
-    sheet = pd.read_csv(ROOT / "config" / "variants.tsv", sep="\t", dtype=str, keep_default_na=False)
+    root, profile = committed_raw(table)  # the config the run was collected with (a registered run may extend it)
+    sheet = committed_sheet(table)
     rows = []
-    for spec in sheet[sheet.model.isin(PROFILE["eval"]["models"])].to_dict("records"):
+    for spec in sheet[sheet.model.isin(profile["eval"]["models"])].to_dict("records"):
         spec["tables"] = [t for t in spec["tables"].split(",") if t]
         if table in spec["tables"]:
             rows += [{"model": spec["model"], "variant": spec["variant"], "kv_cache": kv, "spec": spec}
                      for kv in (["native", "fp8"] if table == "tableB1" else ["native"])]
-    boot = PROFILE["eval"]["bootstrap"]
+    boot = profile["eval"]["bootstrap"]
     df, md = table_from_raw(table, root, rows, BootstrapSettings(boot["resamples"], boot["confidence"], boot["seed"]))
     assert df.to_csv(index=False, float_format="%.4f") == (ROOT / "reports" / f"{table}.csv").read_text()
     assert md == (ROOT / "reports" / f"{table}.md").read_text()

@@ -26,7 +26,7 @@ def test_every_trainable_row_is_a_distill_job():
     expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base")
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert counts["distill_swiftkv"] == expected == 10
+    assert counts["distill_swiftkv"] == expected == 12
 
 
 @pytest.mark.parametrize(
