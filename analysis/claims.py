@@ -13,8 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from analysis.evidence import Evidence, NoEvidence, evaluators
-from analysis.rules import FAILS, HOLDS, KINDS, Point, Rule, decide, deciding_point, point_verdict, rule_text
+from analysis.evidence import Evidence, NoEvidence, evaluators, kl_evaluators
+from analysis.rules import (FAILS, HOLDS, KINDS, Point, Rule, co_primary, decide, deciding_point, point_verdict,
+                            rule_text)
 
 REGISTRY = Path(__file__).parent / "claims.yaml"
 REQUIRED = ("id", "statement", "paper", "artefact", "estimator", "rule", "over", "registered", "registered_commit",
@@ -209,6 +210,31 @@ def amendments_text(claim: RegisteredClaim) -> str:
                       for a in claim.amendments)
 
 
+def _points_text(rule, points: list[Point]) -> str:
+    return "; ".join(f"{p.label}: {_fmt(p.estimate)} [{_fmt(p.lo)}, {_fmt(p.hi)}]"
+                     + (f" (paper {_fmt(p.paper)})" if p.paper is not None else "")
+                     + (f" noise [{_fmt(p.noise[0])}, {_fmt(p.noise[1])}]" if p.noise else "")
+                     + f" {point_verdict(rule, p)}" for p in points)
+
+
+def _kl_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) -> dict:
+    """A claim's co-primary held-out KL verdict (analysis/claims.yaml, power_run.heldout_kl): its own rule on the KL
+    quality difference at every registered point (one not measured keeps it from holding), whether those points
+    decide (every row with its registered seeds), and why not."""
+    try:
+        ev = kl_evaluators()[claim.id](reports)
+    except NoEvidence as none:
+        ev = Evidence([], [none.path], none.why)
+    points, missing = (with_registered_points(claim, ev.points) if registered_points or not ev.points
+                       else (ev.points, []))
+    decider = deciding_point(claim.rule, points)
+    why = ev.missing or ev.short or (f"registered point(s) not measured: {', '.join(missing)}" if missing else "")
+    return {"verdict": decide(claim.rule, points), "decided": bool(ev.points) and ev.seeded and not missing,
+            "why": why, "points": _points_text(claim.rule, points),
+            "estimate": decider.estimate if decider else math.nan, "lo": decider.lo if decider else math.nan,
+            "hi": decider.hi if decider else math.nan, "deciding": decider.label if decider else ""}
+
+
 def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
              commits: dict[str, str] | None = None, registered_points: bool = True):
     """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
@@ -243,6 +269,12 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
                   and not missing else PROVISIONAL)
         if by_scaling and study is not None and study.accuracy and ev.points:
             verdict = budget_verdict(verdict, study.accuracy[-1][1])
+        kl = _kl_reading(claim, reports, registered_points) if claim.id in kl_evaluators() else None
+        verdict_accuracy = verdict
+        if kl is not None:
+            verdict = co_primary(verdict_accuracy, kl["verdict"])
+            if status == DECIDED and not kl["decided"]:
+                status = PROVISIONAL
         if status == PROVISIONAL and missing:
             why = f"registered point(s) not measured: {', '.join(missing)}"
         elif status == PROVISIONAL and ev.seeded:
@@ -259,6 +291,8 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             why = ev.note
         else:
             why = ev.missing if status == AWAITING else ""
+        if kl is not None and status == PROVISIONAL and not kl["decided"]:
+            why = "; ".join(x for x in (why, f"held-out KL (co-primary): {kl['why']}") if x)
         rows.append({
             "id": claim.id,
             "statement": claim.statement,
@@ -267,10 +301,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "lo": decider.lo if decider else math.nan,
             "hi": decider.hi if decider else math.nan,
             "deciding_point": decider.label if decider else "",
-            "points": "; ".join(f"{p.label}: {_fmt(p.estimate)} [{_fmt(p.lo)}, {_fmt(p.hi)}]"
-                                + (f" (paper {_fmt(p.paper)})" if p.paper is not None else "")
-                                + (f" noise [{_fmt(p.noise[0])}, {_fmt(p.noise[1])}]" if p.noise else "")
-                                + f" {point_verdict(claim.rule, p)}" for p in points),
+            "points": _points_text(claim.rule, points),
             "n_points": len(points),
             "missing_points": "; ".join(missing),
             "verdict": verdict,
@@ -289,6 +320,13 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "scaling_kl": study.kl if study else "",
             "scaling_ordering": study.ordering if study else "",
             "scaling_accuracy": study.text() if study else "",
+            "verdict_accuracy": verdict_accuracy if kl is not None else "",
+            "verdict_kl": kl["verdict"] if kl is not None else "",
+            "kl_estimate": kl["estimate"] if kl is not None else math.nan,
+            "kl_lo": kl["lo"] if kl is not None else math.nan,
+            "kl_hi": kl["hi"] if kl is not None else math.nan,
+            "kl_deciding_point": kl["deciding"] if kl is not None else "",
+            "kl_points": kl["points"] if kl is not None else "",
         })
     return pd.DataFrame(rows)
 

@@ -136,16 +136,29 @@ def rows(frame: pd.DataFrame, registry: list[RegisteredClaim], reports: str | Pa
         if isinstance(r.why, str) and r.why:
             why.append(f"Status: {r.why}.")
         out.append({"id": r.id, "claim": r.statement, "ours": _ours(r), "verdict": r.verdict, "status": r.status,
-                    "why": [w for w in why if w]})
-    order = {"does not hold": 0, "cannot tell": 1}
+                    "measures": measures_text(r), "why": [w for w in why if w]})
+    order = {"does not hold": 0, "measures disagree": 1, "cannot tell": 1}
     return sorted(out, key=lambda d: order.get(d["verdict"], 2))
+
+
+def measures_text(r) -> str:
+    """For a claim judged on co-primary measures (a row of reports/claims.csv with ``verdict_kl``): each measure's
+    verdict, the held-out KL's with its deciding point; "" for any other claim."""
+    kl = getattr(r, "verdict_kl", "")
+    if not isinstance(kl, str) or not kl:
+        return ""
+    where = ""
+    if not pd.isna(r.kl_estimate):
+        where = f" at {r.kl_estimate:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}] nats/token"
+    return f"accuracy {r.verdict_accuracy}, held-out KL {kl}{where}"
 
 
 def markdown(items: list[dict]) -> str:
     lines = ["| claim (the paper's numbers) | here (deciding point, 95% interval) | verdict | what differs |",
              "|---|---|---|---|"]
     for d in items:
-        cells = [d["claim"], d["ours"], f"**{d['verdict']}** ({d['status']})", " ".join(d["why"])]
+        measures = f"; {d['measures']}" if d.get("measures") else ""
+        cells = [d["claim"], d["ours"], f"**{d['verdict']}** ({d['status']}{measures})", " ".join(d["why"])]
         lines.append("| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -156,7 +169,8 @@ def html_table(items: list[dict]) -> str:
         why = "".join(f"<li>{html.escape(w)}</li>" for w in d["why"])
         return (f"<tr class='{cls}'><td><code>{html.escape(d['id'])}</code><br>{html.escape(d['claim'])}</td>"
                 f"<td>{html.escape(d['ours'])}</td><td><b>{html.escape(d['verdict'])}</b><br>{html.escape(d['status'])}"
-                f"</td><td><ul>{why}</ul></td></tr>")
+                + (f"<br><span class='cap'>{html.escape(d['measures'])}</span>" if d.get("measures") else "")
+                + f"</td><td><ul>{why}</ul></td></tr>")
 
     return ("<table class='claims'><tr><th>claim (the paper's numbers)</th><th>here (deciding point, 95% interval)"
             "</th><th>verdict</th><th>what differs</th></tr>" + "".join(row(d) for d in items) + "</table>")

@@ -26,10 +26,20 @@ class Evidence:
     short: str = ""  # serving: why the points do not decide yet (fewer repeats or requests than registered)
 
 
-MIN_SEEDS = 3  # the registry's "seeds x examples" estimators need at least this many training seeds per trained row
+# the registry's "seeds x examples" estimators need at least this many training seeds per trained row (power_run.seeds:
+# 5 since the power run's registration; 3 before)
+MIN_SEEDS = 5
+MIN_POOLED = 3  # a pooled row of fewer seeds still stands in for a single run's (provisional) from this many
 MIN_REPEATS = 5  # interleaved repeats per timed point (registry: "median over >= 5 interleaved repeats")
 
 EVALUATORS: dict = {}  # claim id -> evaluator(reports) -> Evidence, filled by @evaluates where each is defined
+# claim id -> evaluator of its co-primary held-out KL points (analysis/claims.yaml, power_run.heldout_kl)
+KL_EVALUATORS: dict = {}
+
+
+def kl_evaluators() -> dict:
+    """The claims with a co-primary held-out KL verdict and their evaluators."""
+    return KL_EVALUATORS
 
 
 def evaluators() -> dict:
@@ -47,6 +57,17 @@ def evaluates(claim: str, **bound):
         if claim in EVALUATORS:
             raise ValueError(f"claim {claim} has two evaluators")
         EVALUATORS[claim] = functools.partial(fn, **bound) if bound else fn
+        return fn
+
+    return register
+
+
+def evaluates_kl(claim: str, **bound):
+    """Register the decorated function as the evaluator of claim ``claim``'s co-primary held-out KL points."""
+    def register(fn):
+        if claim in KL_EVALUATORS:
+            raise ValueError(f"claim {claim} has two held-out KL evaluators")
+        KL_EVALUATORS[claim] = functools.partial(fn, **bound)
         return fn
 
     return register
@@ -128,8 +149,9 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, table: str, neg
                    column: str = "delta_ref") -> Evidence:
     """Every variant's difference against ``ref`` (``delta_base``: against the base model): the pooled row of
     reports/seeds.csv, intervals over training seeds and examples, when the row and its reference have at least
-    MIN_SEEDS training seeds; otherwise the best there is — the single run of ``table``, else the pooled row of fewer
-    seeds — judged like the others and marked, so that the claim is provisional. No variant is left out: one
+    MIN_SEEDS training seeds; otherwise the best there is — the pooled row of at least MIN_POOLED seeds, else the
+    single run of ``table``, else the pooled row of fewer seeds — judged like the others and marked, so that the
+    claim is provisional. No variant is left out: one
     with no number at all is a missing point (analysis.claims adds it as not measured)."""
     import pandas as pd
 
@@ -155,7 +177,7 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, table: str, neg
         ref_row = f"{ref} (native KV)"
         from_table = v in single.index and (column == "delta_base" or single.loc[v].get(f"{column}_row") == ref_row)
         n = min(seeds(v), seeds(ref) if column == "delta_ref" else MIN_SEEDS)
-        if from_pool and (n >= MIN_SEEDS or not from_table):
+        if from_pool and (n >= MIN_POOLED or not from_table):
             both = max(seeds(v, False), seeds(ref, False) if column == "delta_ref" else 0)
             r, how = pooled.loc[v], f"({both} seeds)"
         elif from_table:
@@ -173,6 +195,50 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, table: str, neg
         raise NoEvidence(str(reports / table), f"no number for {', '.join(variants)} against {ref} in "
                          f"{Path(reports.name) / 'seeds.csv'} or {Path(reports.name) / table}")
     return Evidence(points, files, seeded=not short,
+                    short="" if not short else f"fewer than {MIN_SEEDS} training seeds for " + "; ".join(short))
+
+
+@evaluates_kl("quality-cliff-beyond-50", variants=["swiftkv-62"], ref="swiftkv-50")
+@evaluates_kl("kl-beats-lm-loss", variants=["swiftkv-50-lm"], ref="swiftkv-50", negate=True)
+@evaluates_kl("distillation-needed", variants=["swiftkv-50-nodistill"], ref="swiftkv-50", negate=True)
+@evaluates_kl("partial-beats-full", variants=["swiftkv-50-full"], ref="swiftkv-50", negate=True)
+@evaluates_kl("acrosskv-beats-mqa", variants=["swiftkv-50-mqa-1"], ref="swiftkv-50-acrosskv-3", negate=True)
+def _seeded_kl_points(reports: Path, variants: list[str], ref: str, negate: bool = False) -> Evidence:
+    """The co-primary held-out KL points of a claim comparing rows (analysis/claims.yaml, power_run.heldout_kl): the
+    pooled rows of reports/seeds.csv, quality taken as -KL, so a point is -(KL(variant) - KL(ref)) (``kl_delta_ref``
+    negated; with ``negate``, where the reference row is the one claimed better, KL(variant) - KL(ref)) and the
+    claim's own rule applies to it unchanged. Only the seeds study measures it with an interval (the tables' single
+    runs have no seed variance): a row with fewer than MIN_SEEDS seeds makes the point provisional, a row without
+    the measure leaves it out (then analysis.claims reports it as not measured)."""
+    if not (reports / "seeds.csv").is_file():
+        raise NoEvidence(str(reports / "seeds.csv"), f"{Path(reports.name) / 'seeds.csv'} is missing")
+    df, path = _csv(reports, "seeds.csv")
+    pooled = df[df.seed.astype(str) == "all"].set_index("variant")
+    if "kl_delta_ref" not in pooled:
+        raise NoEvidence(path, f"{Path(reports.name) / 'seeds.csv'} has no held-out KL difference (kl_delta_ref: "
+                         "rendered before the power run's registration)")
+
+    def seeds(name) -> int:
+        if name not in pooled.index:
+            return 0
+        return MIN_SEEDS if str(pooled.loc[name, "seeds"]) == "untrained" else int(pooled.loc[name, "n_seeds"])
+
+    points, short = [], []
+    for v in variants:
+        if v not in pooled.index or pooled.loc[v, "ref"] != ref or math.isnan(num(pooled.loc[v, "kl_delta_ref"])):
+            short.append(f"{v}: no held-out KL difference against {ref}")
+            continue
+        r = pooled.loc[v]
+        both = max(int(r["n_seeds"]), int(pooled.loc[ref, "n_seeds"]) if ref in pooled.index else 0)
+        if min(seeds(v), seeds(ref)) < MIN_SEEDS:
+            short.append(f"{v}: {both} seeds")
+        est, lo, hi = (num(r[c]) for c in ("kl_delta_ref", "kl_delta_ref_lo", "kl_delta_ref_hi"))
+        if not negate:
+            est, lo, hi = 0.0 - est, 0.0 - hi, 0.0 - lo
+        points.append(Point(f"{_pair_label(r['model'], v, ref, negate)} ({both} seeds)", est, lo, hi))
+    if not points:
+        raise NoEvidence(path, "; ".join(short))
+    return Evidence(points, [path], seeded=not short,
                     short="" if not short else f"fewer than {MIN_SEEDS} training seeds for " + "; ".join(short))
 
 

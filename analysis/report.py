@@ -44,15 +44,24 @@ def _verdict_class(verdict: str) -> str:
 
 def registry_html(frame: pd.DataFrame) -> str:
     """The registered claims (reports/claims.csv): rule, deciding point, verdict over every point, status."""
+    from analysis.disagreements import measures_text
+
     def row(r) -> str:
         verdict = "not measured yet" if r.status == "awaiting" else r.verdict
         cls = "v-absent" if r.status == "awaiting" else _verdict_class(r.verdict)
         est = "" if pd.isna(r.estimate) else (f"{r.estimate:.4g}" + ("" if pd.isna(r.lo) else
                                                                     f" [{r.lo:.4g}, {r.hi:.4g}]"))
         where = f"<br><span class='cap'>{html.escape(str(r.deciding_point))}</span>" if est else ""
-        points = (f"<details><summary>{int(r.n_points)} point(s)</summary>{html.escape(str(r.points))}</details>"
-                  if r.n_points else "")
+        kl_points = getattr(r, "kl_points", "")
+        kl_points = f"<br>held-out KL: {html.escape(kl_points)}" if isinstance(kl_points, str) and kl_points else ""
+        points = (f"<details><summary>{int(r.n_points)} point(s)</summary>{html.escape(str(r.points))}{kl_points}"
+                  "</details>" if r.n_points else "")
         why = html.escape(str(r.why)) if isinstance(r.why, str) else ""
+        measures = measures_text(r)
+        if measures:
+            verdict_cell = f"<b>{html.escape(verdict)}</b><br><span class='cap'>{html.escape(measures)}</span>"
+        else:
+            verdict_cell = f"<b>{html.escape(verdict)}</b>"
         history = f"{html.escape(str(r.registered))} ({html.escape(str(r.registered_commit))})"
         history += f"<br><span class='cap'>data seen then: {html.escape(str(r.data_seen))}</span>"
         if r.n_amendments:
@@ -60,7 +69,7 @@ def registry_html(frame: pd.DataFrame) -> str:
             history += (f"<details><summary>{int(r.n_amendments)} amendment(s), {int(r.amendments_outcome_visible)} "
                         f"with the outcome visible</summary><ul>{items}</ul></details>")
         return (f"<tr class='{cls}'><td><code>{html.escape(r.id)}</code><br>{html.escape(r.statement)}</td>"
-                f"<td>{html.escape(r.rule)}</td><td>{est}{where}{points}</td><td><b>{html.escape(verdict)}</b></td>"
+                f"<td>{html.escape(r.rule)}</td><td>{est}{where}{points}</td><td>{verdict_cell}</td>"
                 f"<td>{html.escape(r.status)}<br><span class='cap'>{why}</span></td><td>{history}</td></tr>")
 
     return ("<table class='claims'><tr><th>claim (analysis/claims.yaml)</th><th>rule</th>"

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 HOLDS, FAILS, UNCLEAR = "holds", "does not hold", "cannot tell"
+DISAGREE = "measures disagree"  # co-primary measures, one holding and the other not (co_primary)
 KINDS = ("direction", "margin", "exact", "every_point")
 
 
@@ -83,6 +84,20 @@ def decide(rule: Rule, points: list[Point]) -> str:
     if FAILS in verdicts:
         return FAILS
     return HOLDS if all(v == HOLDS for v in verdicts) else UNCLEAR
+
+
+def co_primary(accuracy: str, kl: str) -> str:
+    """A claim judged on two co-primary measures (analysis/claims.yaml, power_run.heldout_kl.verdict): holds if both
+    hold; does not hold if one does not hold and neither holds; the measures disagree if one holds and the other
+    does not hold; otherwise (either cannot tell, or any other reading) cannot tell."""
+    both = {accuracy, kl}
+    if both == {HOLDS}:
+        return HOLDS
+    if both == {HOLDS, FAILS}:
+        return DISAGREE
+    if FAILS in both and HOLDS not in both and both <= {FAILS, UNCLEAR}:
+        return FAILS
+    return UNCLEAR
 
 
 def rule_text(rule: Rule) -> str:

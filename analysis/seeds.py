@@ -18,6 +18,11 @@ per-seed row's interval is over examples only):
   held-out sample) — per seed, and its mean and seed SD in the pooled row;
 - ``kl`` / ``top1``: the evaluation's fidelity to the teacher (``swiftkv.measure.fidelity``: KL per token and top-1
   agreement on the fidelity sequences), per seed and mean.
+- ``kl_seq`` / ``kl_delta_ref``: the held-out KL as the registry's co-primary measure (analysis/claims.yaml,
+  power_run.heldout_kl): per fidelity sequence its KL per token (kl_sum / tokens), a run's value the mean over the
+  sequences (``kl`` weights sequences by their tokens instead); ``kl_delta_ref`` is KL(row) - KL(ref) paired on the
+  sequences. Pooled rows carry intervals over seeds and sequences (``seed_difference_ci``, the sequences as the
+  examples of one task), in nats/token, unscaled.
 
 A row without training (the untrained rewiring) has one evaluation, used for every seed.
 """
@@ -90,6 +95,23 @@ def _fidelity(path) -> dict:
     return {"kl": kl.sum() / tokens.sum(), "top1": 100 * top1.sum() / tokens.sum()}
 
 
+def _kl_sequences(path) -> np.ndarray | None:
+    """Per fidelity sequence, its KL per token (the co-primary measure's examples); None without a fidelity file."""
+    if not path or not (Path(path).is_file() or Path(f"{path}.gz").is_file()):
+        return None
+    kl, _, tokens = teacher_forced(read_json(path))
+    return kl / tokens
+
+
+def _kl_matrix(runs: list[SeedRun], sequences: dict) -> list[np.ndarray] | None:
+    """The runs' per-sequence KL as one task of shape (seeds, sequences), or None if a run has none (or the runs
+    measured different numbers of sequences: they could not be paired)."""
+    rows = [sequences[id(r)] for r in runs]
+    if any(x is None for x in rows) or len({len(x) for x in rows}) != 1:
+        return None
+    return [np.stack(rows)]
+
+
 def _heldout_kl(checkpoint) -> float:
     path = Path(checkpoint) / SUMMARY_FILE if checkpoint else None
     if path is None or not path.is_file():
@@ -115,6 +137,8 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
     model = base.model
 
     fidelity = {id(r): _fidelity(r.fidelity) for r in runs}  # each run's files read once
+    sequences = {id(r): _kl_sequences(r.fidelity) for r in runs}
+    kl_matrices = {v: _kl_matrix(rs, sequences) for v, rs in by_variant.items()}
     heldout = {id(r): _heldout_kl(r.checkpoint) for r in runs}
     records = []
     for v, rs in by_variant.items():
@@ -126,6 +150,8 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
             _put(rec, "delta_base", hierarchical_difference_ci(one, base_matrix, settings))
             rec.update(fidelity[id(r)])
             rec["heldout_kl"] = heldout[id(r)]
+            if sequences[id(r)] is not None:
+                rec["kl_seq"] = float(sequences[id(r)].mean())
             records.append(rec)
     for v, rs in by_variant.items():
         m = matrices[v]
@@ -147,10 +173,17 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
         kls = [k for k in (heldout[id(r)] for r in rs) if not math.isnan(k)]
         rec["heldout_kl"] = float(np.mean(kls)) if kls else math.nan
         rec["heldout_kl_seed_sd"] = float(np.std(kls, ddof=1)) if len(kls) > 1 else math.nan
+        if kl_matrices[v] is not None:
+            _put(rec, "kl_seq", seed_difference_ci(kl_matrices[v], None, settings.confidence), 1.0)
+            if ref and ref != v and kl_matrices.get(ref) is not None \
+                    and kl_matrices[ref][0].shape[1] == kl_matrices[v][0].shape[1]:
+                _put(rec, "kl_delta_ref", seed_difference_ci(kl_matrices[v], kl_matrices[ref], settings.confidence),
+                     1.0)
         records.append(rec)
     columns = ["model", "variant", "seed", "n_seeds", "seeds", "average", "average_lo", "average_hi",
                "average_seed_sd", "delta_base", "delta_base_lo", "delta_base_hi", "ref", "delta_ref", "delta_ref_lo",
-               "delta_ref_hi", "heldout_kl", "heldout_kl_seed_sd", "kl", "top1"]
+               "delta_ref_hi", "heldout_kl", "heldout_kl_seed_sd", "kl", "top1", "kl_seq", "kl_seq_lo", "kl_seq_hi",
+               "kl_delta_ref", "kl_delta_ref_lo", "kl_delta_ref_hi"]
     frame = pd.DataFrame.from_records(records)
     return frame.reindex(columns=columns)
 
@@ -187,8 +220,9 @@ def _ci(r, name: str, digits: int = 1, signed: bool = False) -> str:
 def seeds_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
     """The pooled rows of reports/seeds.csv as the README's table (generated, never typed: tests/test_seeds.py)."""
     labels = labels or {}
-    lines = ["| row (SmolLM2-135M) | seeds | average (seed SD) | Δ vs base | Δ vs ref (ref) | held-out KL (seed SD) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| row (SmolLM2-135M) | seeds | average (seed SD) | Δ vs base | Δ vs ref (ref) | training log's KL (seed SD) "
+             "| co-primary KL, Δ vs ref (nats/token) |",
+             "|---|---|---|---|---|---|---|"]
     for _, r in frame[frame.seed.astype(str) == "all"].iterrows():
         r = r.to_dict()
         sd = "" if pd.isna(r["average_seed_sd"]) else f" ({r['average_seed_sd']:.1f})"
@@ -197,5 +231,6 @@ def seeds_markdown(frame: pd.DataFrame, labels: dict[str, str] | None = None) ->
         if kl and not pd.isna(r["heldout_kl_seed_sd"]):
             kl += f" ({r['heldout_kl_seed_sd']:.3f})"
         lines.append(f"| {labels.get(r['variant'], r['variant'])} | {r['seeds']} | {_ci(r, 'average')}{sd} | "
-                     f"{_ci(r, 'delta_base', signed=True)} | {ref} | {kl} |")
+                     f"{_ci(r, 'delta_base', signed=True)} | {ref} | {kl} | "
+                     f"{_ci(r, 'kl_delta_ref', digits=3, signed=True)} |")
     return "\n".join(lines) + "\n"

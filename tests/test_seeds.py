@@ -118,6 +118,43 @@ def test_seeds_table_pools_the_seeds_and_its_seed_rows_equal_the_tables(tmp_path
     assert seed0.delta_base == pytest.approx(table.loc["swiftkv-50", "delta_base"])
 
 
+def test_pooled_rows_carry_the_coprimary_heldout_kl_paired_on_sequences(tmp_path):
+    """power_run.heldout_kl: per sequence kl_sum / tokens, a run's value their mean; the pooled difference against the
+    reference is paired on the sequences and its interval carries the seeds (seed_difference_ci on one task)."""
+    from analysis.stats import seed_difference_ci
+
+    rng = np.random.default_rng(5)
+    n_seq, tasks = 40, [{"name": "bb_a_report", "metric": "acc,none"}]
+    base = (rng.random(50) < 0.6).astype(int)
+    b_path, _, _ = _write(tmp_path, "base", fake_result({"bb_a_report": base.tolist()}))
+    tokens = rng.integers(5, 20, n_seq)  # sequences of different lengths: per-sequence means, not token-weighted
+    hard = rng.gamma(2.0, 0.5, n_seq)  # what makes a sequence hard is shared by every row (the pairing)
+    kl, runs = {}, []
+    for variant, shift in (("swiftkv-50", 0.0), ("swiftkv-50-lm", 0.4)):
+        for seed in range(3):
+            per_seq = hard + shift + rng.normal(0, 0.05, n_seq) + 0.02 * seed
+            kl[(variant, seed)] = per_seq
+            fid = tmp_path / f"{variant}-{seed}-fid.json"
+            fid.write_text(json.dumps({"teacher_forced": [{"tokens": int(t), "kl_sum": float(k * t), "top1_agree": 1}
+                                                          for k, t in zip(per_seq, tokens)], "greedy_rows": []}))
+            lm, _, _ = _write(tmp_path, f"{variant}-{seed}", fake_result({"bb_a_report": base.tolist()}))
+            runs.append(SeedRun("tiny", variant, seed, lm, fid, None))
+    df = build_seeds_table(runs, SeedRun("tiny", "base", None, b_path), tasks, {"default": "swiftkv-50"}, FAST)
+    pooled = df[df.seed == "all"].set_index("variant")
+    per_seed = df[df.seed != "all"]
+    assert per_seed.kl_seq.tolist() == pytest.approx([kl[(v, s)].mean() for v in ("swiftkv-50", "swiftkv-50-lm")
+                                                      for s in range(3)])
+    lm = np.stack([kl[("swiftkv-50-lm", s)] for s in range(3)])
+    ref = np.stack([kl[("swiftkv-50", s)] for s in range(3)])
+    expected = seed_difference_ci([lm], [ref])
+    got = pooled.loc["swiftkv-50-lm", ["kl_delta_ref", "kl_delta_ref_lo", "kl_delta_ref_hi"]].tolist()
+    assert got == pytest.approx([expected.value, expected.low, expected.high])
+    assert 0 < got[1] and got[0] == pytest.approx(0.4, abs=0.05)  # the LM row's KL is higher, and the pairing shows it
+    unpaired_half = 1.96 * np.sqrt(lm.mean(axis=0).var(ddof=1) / n_seq + ref.mean(axis=0).var(ddof=1) / n_seq)
+    assert got[2] - got[0] < unpaired_half  # paired on sequences: narrower than two independent samples
+    assert pd.isna(pooled.loc["swiftkv-50", "kl_delta_ref"]) and pooled.loc["swiftkv-50", "kl_seq_lo"] > 0
+
+
 # -- the lr sweep ------------------------------------------------------------------------------------------------
 
 
