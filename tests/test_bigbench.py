@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -86,6 +87,39 @@ def test_written_tasks_load_in_lm_eval(tmp_path):
     task = manager.load(["bb_fixture_capitals_report"])["tasks"]["bb_fixture_capitals_report"]
     doc = next(iter(task.eval_docs))
     assert task.doc_to_choice(doc) == doc["choices"] and task.doc_to_target(doc) == doc["gold"]
+
+
+def test_tasks_built_in_one_checkout_load_from_a_copy_and_a_moved_folder_is_one_clear_line(tmp_path, monkeypatch):
+    """Task YAMLs name their data relative to the folder the workflow runs from (the repository root), so results/
+    copied to another checkout still evaluates there; run from elsewhere, the missing data is named before lm-eval
+    starts, with where the file is now."""
+    import shutil
+
+    from lm_eval.tasks import TaskManager
+
+    from swiftkv.data.bigbench import missing_data_files
+    from swiftkv.measure.evaluate import TaskSpec, run_suite
+
+    first, second = tmp_path / "checkout-a", tmp_path / "checkout-b"
+    first.mkdir()
+    monkeypatch.chdir(first)
+    write_lm_eval_tasks({"fixture_capitals": FIXTURE}, Path("results/tasks"), {"report": 8})
+    config = yaml.safe_load((first / "results/tasks/report/bb_fixture_capitals.yaml").read_text())
+    assert config["dataset_kwargs"]["data_files"]["test"] == "results/tasks/report/bb_fixture_capitals.jsonl"
+    shutil.copytree(first / "results", second / "results")
+    shutil.rmtree(first / "results")
+    monkeypatch.chdir(second)
+    assert missing_data_files(["results/tasks/report"]) == []
+    task = TaskManager(include_path=["results/tasks/report"], include_defaults=False).load(
+        ["bb_fixture_capitals_report"])["tasks"]["bb_fixture_capitals_report"]
+    assert len(list(task.eval_docs)) == 8
+    monkeypatch.chdir(tmp_path)  # not where the tasks were built: the data is not found from here
+    folder = second / "results/tasks/report"
+    [line] = missing_data_files([folder])
+    assert "data file results/tasks/report/bb_fixture_capitals.jsonl is missing" in line
+    assert f"beside the YAML, at {folder / 'bb_fixture_capitals.jsonl'}" in line
+    with pytest.raises(SwiftKVError, match="is missing .*build them again here"):
+        run_suite(None, [TaskSpec("bb_fixture_capitals_report")], [folder])
 
 
 def _sdist(tmp_path, tasks: dict[str, dict]):

@@ -61,6 +61,13 @@ def run_suite(
     from lm_eval.tasks import TaskManager
 
     paths = [str(p) for p in include_paths or []]
+    from swiftkv.data.bigbench import missing_data_files
+
+    missing = missing_data_files(paths)
+    if missing:
+        raise SwiftKVError(f"{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; run from "
+                           "the folder the tasks were built from, or build them again here (swiftkv bigbench build, "
+                           "or the workflow's task rule)")
     # Indexing lm-eval's thousands of built-in task YAMLs takes a while: skip it when our own folders hold them all.
     manager = TaskManager(include_path=paths, include_defaults=False) if paths else None
     if manager is None or any(s.name not in manager.all_tasks for s in tasks):
