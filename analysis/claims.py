@@ -271,7 +271,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             verdict = budget_verdict(verdict, study.accuracy[-1][1])
         kl = _kl_reading(claim, reports, registered_points) if claim.id in kl_evaluators() else None
         verdict_accuracy = verdict
-        if kl is not None:
+        if kl is not None and ev.points:  # an awaiting claim stays "cannot tell" whatever the KL says
             verdict = co_primary(verdict_accuracy, kl["verdict"])
             if status == DECIDED and not kl["decided"]:
                 status = PROVISIONAL
