@@ -26,7 +26,7 @@ def test_every_trainable_row_is_a_distill_job():
     expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base")
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert counts["distill_swiftkv"] == expected == 12
+    assert counts["distill_swiftkv"] == expected == 10
 
 
 @pytest.mark.parametrize(
@@ -127,3 +127,20 @@ def test_the_paper_profile_sets_the_process_count_the_launcher_and_the_trainer_c
     for line in lines:
         assert "accelerate launch --config_file config/accelerate/paper.yaml --num_processes 8 -m swiftkv.cli" in line
         assert "--batch-size 8 " in line and "--processes 8" in line and "--strategy" not in line
+
+
+def test_the_power_run_overlay_trains_five_seeds_and_five_cuts():
+    """config/power.yaml (the registry's power_run) over the default profile: Table 2 gains the l = 26 and l = 19
+    rows (the default sheet's rows unchanged), and every compared trained row is distilled with seeds 0-4."""
+    default = (ROOT / "config/variants.tsv").read_text().splitlines()
+    power = (ROOT / "config/variants-power.tsv").read_text().splitlines()
+    added = [r.split("\t") for r in power if r not in default]
+    assert set(default) <= set(power) and [(r[1], r[2]) for r in added] == [("swiftkv-12", "26"), ("swiftkv-37", "19")]
+    out = subprocess.run([sys.executable, "-m", "snakemake", "results/reports/raw/seeds", "results/reports/raw/table2",
+                          "-n", "--nolock", "--forceall", "--configfile", "config/config.yaml", "config/power.yaml"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
+              if len(line.split()) == 2 and line.split()[1].isdigit()}
+    assert counts["distill_swiftkv"] == 12 and counts["distill_swiftkv_seed"] == 9 * 4
+    assert counts["build_teacher_cache"] == 5
