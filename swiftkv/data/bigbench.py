@@ -233,7 +233,9 @@ def missing_data_files(folders: list[str | Path]) -> list[str]:
                 continue  # not ours (lm-eval's own YAMLs may use tags); lm-eval reports its own errors
             files = ((config.get("dataset_kwargs") or {}).get("data_files") if isinstance(config, dict) else None)
             for name in (files.values() if isinstance(files, dict) else [files] if isinstance(files, str) else []):
-                if isinstance(name, str) and not Path(name).exists():
+                if not isinstance(name, str) or "://" in name or any(c in name for c in "*?["):
+                    continue  # a URL or a glob: datasets resolves those itself
+                if not Path(name).exists():
                     beside = spec.parent / Path(name).name
                     where = f" (it is beside the YAML, at {beside}: the folder was built elsewhere)" if beside.exists() \
                         else ""
