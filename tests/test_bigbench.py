@@ -97,24 +97,27 @@ def test_tasks_built_in_one_checkout_load_from_a_copy_and_a_moved_folder_is_one_
 
     from lm_eval.tasks import TaskManager
 
-    from swiftkv.data.bigbench import missing_data_files
+    from swiftkv.data.heldout import write_perplexity_task
+    from swiftkv.data.task_files import missing_data_files
     from swiftkv.measure.evaluate import TaskSpec, run_suite
 
     first, second = tmp_path / "checkout-a", tmp_path / "checkout-b"
     first.mkdir()
     monkeypatch.chdir(first)
     write_lm_eval_tasks({"fixture_capitals": FIXTURE}, Path("results/tasks"), {"report": 8})
+    write_perplexity_task([{"id": "c1", "text": "a held-out conversation", "tokens": 4}], Path("results/tasks/ppl"))
     config = yaml.safe_load((first / "results/tasks/report/bb_fixture_capitals.yaml").read_text())
     assert config["dataset_kwargs"]["data_files"]["test"] == "results/tasks/report/bb_fixture_capitals.jsonl"
     shutil.copytree(first / "results", second / "results")
     shutil.rmtree(first / "results")
     monkeypatch.chdir(second)
-    assert missing_data_files(["results/tasks/report"]) == []
+    assert missing_data_files(["results/tasks/report", "results/tasks/ppl"]) == []
     task = TaskManager(include_path=["results/tasks/report"], include_defaults=False).load(
         ["bb_fixture_capitals_report"])["tasks"]["bb_fixture_capitals_report"]
     assert len(list(task.eval_docs)) == 8
     monkeypatch.chdir(tmp_path)  # not where the tasks were built: the data is not found from here
     folder = second / "results/tasks/report"
+    assert len(missing_data_files([second / "results/tasks/ppl"])) == 1
     [line] = missing_data_files([folder])
     assert "data file results/tasks/report/bb_fixture_capitals.jsonl is missing" in line
     assert f"beside the YAML, at {folder / 'bb_fixture_capitals.jsonl'}" in line

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from swiftkv.data.task_files import data_file_path
 from swiftkv.io import atomic_path, write_json, write_text
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def write_perplexity_task(docs: list[dict], out_dir: str | Path, task_name: str 
     config = {
         "task": task_name,
         "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+        "dataset_kwargs": {"data_files": {"test": data_file_path(data)}},
         "test_split": "test",
         "output_type": "loglikelihood_rolling",
         "doc_to_text": "",

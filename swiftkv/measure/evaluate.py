@@ -60,9 +60,9 @@ def run_suite(
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    paths = [str(p) for p in include_paths or []]
-    from swiftkv.data.bigbench import missing_data_files
+    from swiftkv.data.task_files import missing_data_files
 
+    paths = [str(p) for p in include_paths or []]
     missing = missing_data_files(paths)
     if missing:
         raise SwiftKVError(f"{missing[0]}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; run from "
