@@ -35,7 +35,7 @@ def missing_data_files(folders: list[str | Path]) -> list[str]:
                     continue  # a URL or a glob: datasets resolves those itself
                 if not Path(name).exists():
                     beside = spec.parent / Path(name).name
-                    where = f" (it is beside the YAML, at {beside}: the folder was built elsewhere)" if beside.exists() \
-                        else ""
+                    where = (f" (it is beside the YAML, at {beside}: the folder was built elsewhere)"
+                             if beside.exists() else "")
                     problems.append(f"{spec}: data file {name} is missing{where}")
     return problems
