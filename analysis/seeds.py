@@ -88,19 +88,13 @@ def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]
     return out
 
 
-def _fidelity(path) -> dict:
+def _fidelity(path) -> tuple[dict, np.ndarray | None]:
+    """A run's fidelity file read once: its token-weighted KL and top-1 agreement, and per sequence its KL per token
+    (the co-primary measure's examples); ({}, None) without a fidelity file."""
     if not path or not (Path(path).is_file() or Path(f"{path}.gz").is_file()):
-        return {}
+        return {}, None
     kl, top1, tokens = teacher_forced(read_json(path))
-    return {"kl": kl.sum() / tokens.sum(), "top1": 100 * top1.sum() / tokens.sum()}
-
-
-def _kl_sequences(path) -> np.ndarray | None:
-    """Per fidelity sequence, its KL per token (the co-primary measure's examples); None without a fidelity file."""
-    if not path or not (Path(path).is_file() or Path(f"{path}.gz").is_file()):
-        return None
-    kl, _, tokens = teacher_forced(read_json(path))
-    return kl / tokens
+    return {"kl": kl.sum() / tokens.sum(), "top1": 100 * top1.sum() / tokens.sum()}, kl / tokens
 
 
 def _kl_matrix(runs: list[SeedRun], sequences: dict) -> list[np.ndarray] | None:
@@ -136,8 +130,9 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
     base_matrix = _matrix([base_results], base_results, tasks)
     model = base.model
 
-    fidelity = {id(r): _fidelity(r.fidelity) for r in runs}  # each run's files read once
-    sequences = {id(r): _kl_sequences(r.fidelity) for r in runs}
+    read = {id(r): _fidelity(r.fidelity) for r in runs}  # each run's files read once
+    fidelity = {k: summary for k, (summary, _) in read.items()}
+    sequences = {k: per_sequence for k, (_, per_sequence) in read.items()}
     kl_matrices = {v: _kl_matrix(rs, sequences) for v, rs in by_variant.items()}
     heldout = {id(r): _heldout_kl(r.checkpoint) for r in runs}
     records = []
