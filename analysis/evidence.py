@@ -129,6 +129,15 @@ def _delta_points(reports: Path, name: str, column: str, kv_cache: str) -> Evide
     return Evidence(points, [path])
 
 
+def _pooled_seeds(pooled, name: str, untrained_counts: bool = True) -> int:
+    """Training seeds of a pooled row of reports/seeds.csv (0 if it has none); an untrained row has one evaluation and
+    needs no seed, so it counts as MIN_SEEDS unless ``untrained_counts`` is False (then its n_seeds, 1)."""
+    if name not in pooled.index:
+        return 0
+    untrained = str(pooled.loc[name, "seeds"]) == "untrained"
+    return MIN_SEEDS if untrained and untrained_counts else int(pooled.loc[name, "n_seeds"])
+
+
 def _pair_label(model: str, variant: str, ref: str, negate: bool) -> str:
     """The registered name of a comparison point (analysis/claims.yaml ``points``): the row claimed better first."""
     return f"{model} {ref} vs {variant}" if negate else f"{model} {variant} vs {ref}"
@@ -163,22 +172,16 @@ def _seeded_points(reports: Path, variants: list[str], ref: str, table: str, neg
         df, path = _csv(reports, table)
         single = df[df.kv_cache == "native"].set_index("variant") if "kv_cache" in df else df.set_index("variant")
 
-    def seeds(name, untrained_counts: bool = True) -> int:
-        """Training seeds of a pooled row; an untrained row has one evaluation and needs no seed."""
-        if name not in pooled.index:
-            return 0
-        untrained = str(pooled.loc[name, "seeds"]) == "untrained"
-        return MIN_SEEDS if untrained and untrained_counts else int(pooled.loc[name, "n_seeds"])
-
     points, short = [], []
     for v in variants:
         from_pool = v in pooled.index and (column == "delta_base" or pooled.loc[v, "ref"] == ref) \
             and not math.isnan(num(pooled.loc[v, column]))
         ref_row = f"{ref} (native KV)"
         from_table = v in single.index and (column == "delta_base" or single.loc[v].get(f"{column}_row") == ref_row)
-        n = min(seeds(v), seeds(ref) if column == "delta_ref" else MIN_SEEDS)
+        n = min(_pooled_seeds(pooled, v), _pooled_seeds(pooled, ref) if column == "delta_ref" else MIN_SEEDS)
         if from_pool and (n >= MIN_POOLED or not from_table):
-            both = max(seeds(v, False), seeds(ref, False) if column == "delta_ref" else 0)
+            both = max(_pooled_seeds(pooled, v, False),
+                       _pooled_seeds(pooled, ref, False) if column == "delta_ref" else 0)
             r, how = pooled.loc[v], f"({both} seeds)"
         elif from_table:
             r, how = single.loc[v], "(one training run)"
@@ -218,19 +221,14 @@ def _seeded_kl_points(reports: Path, variants: list[str], ref: str, negate: bool
         raise NoEvidence(path, f"{Path(reports.name) / 'seeds.csv'} has no held-out KL difference (kl_delta_ref: "
                          "rendered before the power run's registration)")
 
-    def seeds(name) -> int:
-        if name not in pooled.index:
-            return 0
-        return MIN_SEEDS if str(pooled.loc[name, "seeds"]) == "untrained" else int(pooled.loc[name, "n_seeds"])
-
     points, short = [], []
     for v in variants:
         if v not in pooled.index or pooled.loc[v, "ref"] != ref or math.isnan(num(pooled.loc[v, "kl_delta_ref"])):
             short.append(f"{v}: no held-out KL difference against {ref}")
             continue
         r = pooled.loc[v]
-        both = max(int(r["n_seeds"]), int(pooled.loc[ref, "n_seeds"]) if ref in pooled.index else 0)
-        if min(seeds(v), seeds(ref)) < MIN_SEEDS:
+        both = max(_pooled_seeds(pooled, v, False), _pooled_seeds(pooled, ref, False))
+        if min(_pooled_seeds(pooled, v), _pooled_seeds(pooled, ref)) < MIN_SEEDS:
             short.append(f"{v}: {both} seeds")
         est, lo, hi = (num(r[c]) for c in ("kl_delta_ref", "kl_delta_ref_lo", "kl_delta_ref_hi"))
         if not negate:
