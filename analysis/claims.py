@@ -225,8 +225,7 @@ def _kl_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) 
         ev = kl_evaluators()[claim.id](reports)
     except NoEvidence as none:
         ev = Evidence([], [none.path], none.why)
-    points, missing = (with_registered_points(claim, ev.points) if registered_points or not ev.points
-                       else (ev.points, []))
+    points, missing = with_registered_points(claim, ev.points) if registered_points else (ev.points, [])
     decider = deciding_point(claim.rule, points)
     why = ev.missing or ev.short or (f"registered point(s) not measured: {', '.join(missing)}" if missing else "")
     return {"verdict": decide(claim.rule, points), "decided": bool(ev.points) and ev.seeded and not missing,
