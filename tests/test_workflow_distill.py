@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
 
 
-def dry_run(target: str, *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def dry_run(target: str | list[str], *configfiles: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     # --configfile takes a list
-    cmd = [sys.executable, "-m", "snakemake", target, "-n", "--nolock", *flags, "--configfile", *configfiles]
+    targets = [target] if isinstance(target, str) else target
+    cmd = [sys.executable, "-m", "snakemake", *targets, "-n", "--nolock", *flags, "--configfile", *configfiles]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
 
 
@@ -136,9 +137,8 @@ def test_the_power_run_overlay_trains_five_seeds_and_five_cuts():
     power = (ROOT / "config/variants-power.tsv").read_text().splitlines()
     added = [r.split("\t") for r in power if r not in default]
     assert set(default) <= set(power) and [(r[1], r[2]) for r in added] == [("swiftkv-12", "26"), ("swiftkv-37", "19")]
-    out = subprocess.run([sys.executable, "-m", "snakemake", "results/reports/raw/seeds", "results/reports/raw/table2",
-                          "-n", "--nolock", "--forceall", "--configfile", "config/config.yaml", "config/power.yaml"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = dry_run(["results/reports/raw/seeds", "results/reports/raw/table2"], "config/config.yaml",
+                  "config/power.yaml", flags=("--forceall",))
     assert out.returncode == 0, out.stderr
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
