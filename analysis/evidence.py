@@ -213,9 +213,7 @@ def _seeded_kl_points(reports: Path, variants: list[str], ref: str, negate: bool
     claim's own rule applies to it unchanged. Only the seeds study measures it with an interval (the tables' single
     runs have no seed variance): a row with fewer than MIN_SEEDS seeds makes the point provisional, a row without
     the measure leaves it out (then analysis.claims reports it as not measured)."""
-    if not (reports / "seeds.csv").is_file():
-        raise NoEvidence(str(reports / "seeds.csv"), f"{Path(reports.name) / 'seeds.csv'} is missing")
-    df, path = _csv(reports, "seeds.csv")
+    df, path = _csv(reports, "seeds.csv")  # a missing one is NoEvidence
     pooled = df[df.seed.astype(str) == "all"].set_index("variant")
     if "kl_delta_ref" not in pooled:
         raise NoEvidence(path, f"{Path(reports.name) / 'seeds.csv'} has no held-out KL difference (kl_delta_ref: "

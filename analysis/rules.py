@@ -95,7 +95,7 @@ def co_primary(accuracy: str, kl: str) -> str:
         return HOLDS
     if both == {HOLDS, FAILS}:
         return DISAGREE
-    if FAILS in both and HOLDS not in both and both <= {FAILS, UNCLEAR}:
+    if FAILS in both and both <= {FAILS, UNCLEAR}:
         return FAILS
     return UNCLEAR
 
