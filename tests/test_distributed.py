@@ -63,8 +63,9 @@ def assert_same_student(a: Path, b: Path) -> None:
     trained = [k for k in wa if "swiftkv" in k]
     assert trained
     for k in wa:
-        if "swiftkv" in k:  # trained: the same up to fp32 reduction order
-            torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=2e-6)
+        if "swiftkv" in k:  # trained: the same up to fp32 reduction order (under FSDP the loss's gradient is also
+            # a sum over the ranks' vocabulary slices: AdamW's normalised steps carry that round-off a little further)
+            torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=5e-6)
         else:  # frozen: untouched, exactly
             assert torch.equal(wb[k], wa[k]), k
     sa, sb = summary(a), summary(b)

@@ -27,6 +27,7 @@ LLAMA_3_1_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_hea
 LLAMA_3_1_70B = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
                      "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False, "head_dim": 128}
 GPU_BYTES = 80e9  # an 80 GB GPU (A100/H100)
+FREED_MEMORY_THRESHOLD = 128 * 1024  # --return-freed-memory: blocks above 128 KiB are mmapped, so freed ones go back
 CHUNK = 1024  # positions per chunk of full-vocabulary logits (the trainer's default)
 
 
@@ -70,28 +71,32 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
                   tokens_per_rank: int) -> dict:
     """Predicted peak bytes per rank, by part: weights (frozen, in their dtype), trainable (fp32 weights, gradients
     and AdamW's two states: 16 bytes each), both divided by the ranks under FSDP; FSDP's gathered working set (two
-    decoder layers and the root's embeddings/head); activations of the student's layers >= l (per token and layer,
+    decoder layers); activations of the student's layers >= l (per token and layer,
     9h + 4I values stored for backward, or with checkpointing the layer input plus one layer's recompute), the
-    boundary/teacher states and one chunk of full-vocabulary logits (fp32: student, teacher, gradient). Under FSDP
-    the largest unit is counted once more: FSDP2 all-gathers a unit into one buffer and copies it out into the
-    unsharded parameters, so while it gathers the unit is held twice (the term that brought the 2-rank CPU prediction
-    from 22 % under the measured peak to within 4 %, ``docs/distributed.md``)."""
+    boundary/teacher states and one chunk of full-vocabulary logits (fp32: student, teacher, gradient; under FSDP a
+    chunk of every rank's positions against this rank's vocabulary slice). Under FSDP the largest unit is counted
+    once more: FSDP2 all-gathers a unit into one buffer and copies it out into the unsharded parameters, so while it
+    gathers the unit is held twice (the term that brought the 2-rank CPU prediction from 22 % under the measured
+    peak to within 4 %, ``docs/distributed.md``); the embedding and head are not units (split by vocabulary)."""
     h, L, inter, v = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"], shape["vocab_size"]
     frozen, trainable = count_parameters(shape)
     shards = processes if strategy == "fsdp" else 1
     parts = {"frozen_weights": frozen * dtype_bytes / shards, "trainable_with_adam": trainable * 16 / shards}
-    if strategy == "fsdp":
+    if strategy == "fsdp":  # the embedding and head stay split by vocabulary (swiftkv.distill.vocab): never gathered
         layer = (frozen - v * h * (1 if shape.get("tie_word_embeddings") else 2)) / L
-        root = v * h * (1 if shape.get("tie_word_embeddings") else 2)
-        parts["fsdp_gathered"] = (2 * layer + root) * dtype_bytes
-        parts["fsdp_gather_copy"] = max(layer, root) * dtype_bytes
+        parts["fsdp_gathered"] = 2 * layer * dtype_bytes
+        parts["fsdp_gather_copy"] = layer * dtype_bytes
     upper = L - L // 2
     per_token_layer = (9 * h + 4 * inter) * dtype_bytes
     if checkpointing:
         acts = upper * tokens_per_rank * h * dtype_bytes + tokens_per_rank * per_token_layer
     else:
         acts = upper * tokens_per_rank * per_token_layer
-    parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, tokens_per_rank) * v * 4
+    if strategy == "fsdp":  # a chunk of every rank's positions against this rank's slice of the vocabulary
+        parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, processes * tokens_per_rank) * (
+            -(-v // processes)) * 4
+    else:
+        parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, tokens_per_rank) * v * 4
     parts["total"] = sum(parts.values())
     return parts
 
@@ -173,6 +178,7 @@ def run_case(case: Case, out_dir: Path) -> None:
     from swiftkv.distill.pair import DistillModel, compute_loss, trainable_parameters
     from swiftkv.distill.parallel import Parallel, clip_grad_norm, enable_checkpointing, keep_trainable_fp32
     from swiftkv.distill.settings import DistillSettings
+    from swiftkv.distill.vocab import tie_slices
     from swiftkv.models.convert import FAMILIES, set_trainable, swiftkv_config_from
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // case.processes))
@@ -202,6 +208,8 @@ def run_case(case: Case, out_dir: Path) -> None:
         pair.to_empty(device=par.device)
         if case.strategy != "fsdp":  # to_empty gives each module its own copy of a tied weight: tie them again
             student.tie_weights()
+        else:  # the same for the embedding's and the head's vocabulary slices
+            tie_slices(student)
         student.model.rotary_emb = type(rotary)(config=config).to(par.device)
         torch.manual_seed(0)
         with torch.no_grad():
@@ -276,8 +284,10 @@ def _one_rank_fsdp(cuda: bool):
     return Parallel(0, 1, device, "fsdp")
 
 
-def launch_case(case: Case, timeout: int = 1800) -> dict:
-    """``case`` in fresh processes (torchrun for more than one); per-rank peaks and the accounting's prediction."""
+def launch_case(case: Case, timeout: int = 1800, mmap_threshold: int | None = None) -> dict:
+    """``case`` in fresh processes (torchrun for more than one); per-rank peaks and the accounting's prediction.
+    ``mmap_threshold``: glibc's ``MALLOC_MMAP_THRESHOLD_`` for them (None: glibc's default, a threshold that grows
+    with the blocks freed, so that freed memory below it can stay resident)."""
     with tempfile.TemporaryDirectory(prefix="swiftkv-mem-") as tmp:
         spec = json.dumps({"case": asdict(case), "out": tmp})
         if case.processes == 1:
@@ -285,7 +295,8 @@ def launch_case(case: Case, timeout: int = 1800) -> dict:
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                    str(case.processes), "-m", "swiftkv.bench.distill_memory", spec]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)} if mmap_threshold else {})}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode != 0:
             from swiftkv.errors import RunFailed
 
@@ -302,13 +313,13 @@ def launch_case(case: Case, timeout: int = 1800) -> dict:
             **({"peak_gpu_bytes_max_rank": max(r["peak_gpu_bytes"] for r in ranks)} if case.device == "cuda" else {})}
 
 
-def bench_distill_memory(cases: list[Case], progress=print) -> dict:
+def bench_distill_memory(cases: list[Case], progress=print, mmap_threshold: int | None = None) -> dict:
     import platform
 
     rows = []
     for case in cases:
         progress(f"{case.name}: running")
-        rows.append(launch_case(case))
+        rows.append(launch_case(case, mmap_threshold=mmap_threshold))
     by = {r["case"]: r for r in rows}
     goals = {}
 
@@ -321,7 +332,10 @@ def bench_distill_memory(cases: list[Case], progress=print) -> dict:
     goals["bf16_ckpt_over_fp32_one_process"] = ratio("none-1-bfloat16-ckpt", "none-1-float32")
     goals["bf16_ckpt_over_fp32_one_process_above_baseline"] = ratio("none-1-bfloat16-ckpt", "none-1-float32",
                                                                     "peak_minus_baseline_bytes_max_rank")
+    threshold = mmap_threshold or os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    allocator = f"glibc, MALLOC_MMAP_THRESHOLD_={threshold}" if threshold else "glibc default"
     return {"measure": "resource.getrusage(RUSAGE_SELF).ru_maxrss per rank (peak resident set, imports included)",
+            "allocator": allocator,
             "cpu": _cpu_name(), "platform": platform.platform(), "shape": cases[0].shape if cases else None,
             "results": rows, "ratios": goals, "paper_predictions": paper_predictions()}
 

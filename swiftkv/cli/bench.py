@@ -95,8 +95,8 @@ def cmd_bench_distill(args) -> None:
 
 
 def cmd_bench_distill_memory(args) -> None:
-    from swiftkv.bench.distill_memory import LLAMA_3_1_8B, LLAMA_3_1_70B, LLAMA_3_2_1B, Case, bench_distill_memory, \
-        default_cases
+    from swiftkv.bench.distill_memory import (FREED_MEMORY_THRESHOLD, LLAMA_3_1_8B, LLAMA_3_1_70B, LLAMA_3_2_1B, Case,
+                                              bench_distill_memory, default_cases)
     from swiftkv.io import write_json
 
     cases = default_cases(args.length)
@@ -129,13 +129,14 @@ def cmd_bench_distill_memory(args) -> None:
 
         if not torch.cuda.is_available():
             raise SwiftKVError("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
-    result = bench_distill_memory(cases, progress=lambda m: print(m, flush=True))
+    result = bench_distill_memory(cases, progress=lambda m: print(m, flush=True),
+                                  mmap_threshold=FREED_MEMORY_THRESHOLD if args.return_freed_memory else None)
     from swiftkv import io
 
     result["command"] = io.COMMAND
     write_json(args.output, result, overwrite=args.overwrite)
     gib = 2 ** 30
-    print(f"peak resident memory per rank (ru_maxrss, max over ranks), {result['cpu']}:")
+    print(f"peak resident memory per rank (ru_maxrss, max over ranks), {result['cpu']}, allocator: {result['allocator']}:")
     for r in result["results"]:
         print(f"{r['case']:>24}: {r['peak_bytes_max_rank'] / gib:6.2f} GiB  "
               f"({r['peak_minus_baseline_bytes_max_rank'] / gib:.2f} GiB above the {r['ranks'][0]['baseline_bytes'] / gib:.2f} GiB after imports; predicted "
@@ -258,6 +259,10 @@ def add_parsers(bench) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: the cases above on gloo, peak resident memory; cuda: one GPU, bf16 frozen weights with "
                    "and without checkpointing, also the peak of allocated GPU memory")
+    p.add_argument("--return-freed-memory", action="store_true",
+                   help="run the cases with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so that "
+                   "memory torch frees goes back to the system: the resident peak is then what the step holds at "
+                   "once, not also what glibc kept of memory freed earlier (FSDP frees each gathered layer)")
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill_memory, output_kind="file")
 

@@ -57,9 +57,9 @@ class HeldOut:
             own = r < len(self.index)
             state, boundary, mask, teacher, labels = self.items[r if own else 0]
             student = self.pair(None, None, boundary, state=state).student  # through forward: FSDP gathers there
-            if not own:  # a stand-in forward: this rank has no row left
+            sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)  # FSDP: a collective too
+            if not own:  # a stand-in: this rank has no row left
                 continue
-            sums = eval_metrics(student[mask], teacher, labels, head, self.chunk_size)
             rows.append((self.index[r], {k: sums[k] for k in ("kl_sum", "top1_sum", "positions")}))
             for k, v in sums.items():
                 total[k] = total.get(k, 0) + v

@@ -40,6 +40,7 @@ def gather_checkpoint(pair: DistillModel, optimizer, scheduler, state: dict) -> 
     """Trainable weights, optimizer and scheduler state, progress, as whole tensors on the CPU (under FSDP the
     shards are gathered: every rank must call it)."""
     from swiftkv.distill.parallel import full_tensor
+    from swiftkv.distill.vocab import gather_slices, sharded_parameters
 
     opt = optimizer.state_dict()
     opt = {**opt, "state": {i: {k: full_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}
@@ -100,11 +101,13 @@ def gather_model(pair: DistillModel, par) -> torch.nn.Module | None:
     from torch.distributed.tensor import DTensor
 
     from swiftkv.distill.parallel import full_tensor
+    from swiftkv.distill.vocab import gather_slices, sharded_parameters
 
     model = pair.model
     if not any(isinstance(p, DTensor) for p in model.parameters()):
         return model if par.main else None
-    state = {n: full_tensor(p) for n, p in model.named_parameters()}
+    sliced = sharded_parameters(model)  # the embedding and head, split by vocabulary (not DTensors)
+    state = {n: gather_slices(p, sliced[n]) if n in sliced else full_tensor(p) for n, p in model.named_parameters()}
     if not par.main:
         return None
     with torch.device("meta"):

@@ -59,6 +59,13 @@ def head_loss(hidden: torch.Tensor, head: torch.nn.Linear, loss_fn: ChunkLoss, *
     return HeadLoss.apply(hidden, head.weight, head.bias, loss_fn, chunk_size, *targets)
 
 
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot products in the inputs' dtype (fp32 logits), also under autocast, which would run ``vecdot`` in
+    bf16 (a bf16 run's KL then lost ~1e-3 of its value to rounding)."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.linalg.vecdot(a, b)
+
+
 @torch.no_grad()
 def kl_and_grad(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +79,7 @@ def kl_and_grad(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     s, t = student_logits.float().div_(temperature), teacher_logits.float().div_(temperature)  # n,V
     lse_s, lse_t = torch.logsumexp(s, dim=-1, keepdim=True), torch.logsumexp(t, dim=-1, keepdim=True)  # n,1
     p = torch.sub(t, lse_t).exp_()  # n,V: softmax(t)
-    kl = (torch.linalg.vecdot(p, t) - torch.linalg.vecdot(p, s)).sum() + (lse_s - lse_t).sum()
+    kl = (row_dot(p, t) - row_dot(p, s)).sum() + (lse_s - lse_t).sum()
     grad = s.sub_(lse_s).exp_().sub_(p).mul_(temperature)  # n,V: T (q - p), in the student's buffer
     return kl * (temperature * temperature), grad
 
@@ -115,12 +122,18 @@ def distill_kl(student_hidden, teacher_hidden, head, temperature: float = 2.0, c
     """Summed T^2-scaled KL(teacher || student) over the N positions given (both (N, H), teacher detached)."""
     if head.weight.requires_grad:
         raise ValueError("distill_kl needs a frozen head (its weight gets no gradient)")
+    if getattr(head, "vocab_parallel", False):  # FSDP: the head split by vocabulary over the ranks
+        from swiftkv.distill.vocab import sharded_kl
+
+        return sharded_kl(student_hidden, teacher_hidden, head, temperature, chunk_size)
     return HeadKL.apply(student_hidden, teacher_hidden.detach(), head.weight, head.bias, temperature, chunk_size)
 
 
 def distill_kl_autograd(student_hidden, teacher_hidden, head, temperature: float = 2.0, chunk_size: int = 1024):
     """``distill_kl`` through autograd on ``kl_sum`` (``HeadLoss``): the trainer's loss before the closed form, kept
     as its reference (tests) and as the loss of the "shared_prefix" step of ``swiftkv bench distill``."""
+    if getattr(head, "vocab_parallel", False):
+        raise ValueError("distill_kl_autograd needs the whole head; distill_kl takes a vocabulary-sharded one")
 
     def fn(logits, targets):
         (teacher,) = targets
@@ -133,6 +146,10 @@ def distill_kl_autograd(student_hidden, teacher_hidden, head, temperature: float
 
 def lm_cross_entropy(student_hidden, labels, head, chunk_size: int = 1024):
     """Summed cross-entropy of the ground-truth next tokens ``labels`` (N,) at the N positions given."""
+    if getattr(head, "vocab_parallel", False):  # FSDP: the head split by vocabulary over the ranks
+        from swiftkv.distill.vocab import sharded_cross_entropy
+
+        return sharded_cross_entropy(student_hidden, labels, head, chunk_size)
 
     def fn(logits, targets):
         (target,) = targets
@@ -146,6 +163,10 @@ def eval_metrics(student_hidden, teacher_hidden, labels, head, chunk_size: int =
     """Sums over positions: KL(teacher || student) at T = 1 (nats), top-1 agreement (student's argmax = teacher's),
     and both models' NLL of the next token where ``labels`` has one (labels < 0 are skipped); counts included so
     that sums from several batches can be pooled."""
+    if getattr(head, "vocab_parallel", False):  # FSDP: the head split by vocabulary over the ranks
+        from swiftkv.distill.vocab import sharded_metrics
+
+        return sharded_metrics(student_hidden, teacher_hidden, labels, head, chunk_size)
     out = {"kl_sum": 0.0, "top1_sum": 0, "positions": 0, "student_nll_sum": 0.0, "teacher_nll_sum": 0.0,
            "labelled": 0}
     for start in range(0, student_hidden.shape[0], chunk_size):

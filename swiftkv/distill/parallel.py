@@ -227,11 +227,15 @@ def keep_trainable_fp32(model: nn.Module) -> None:
 
 def shard_pair(pair: nn.Module, device: torch.device) -> None:
     """FSDP2 units, one dtype each: every module owning trainable parameters, then each decoder layer, the
-    teacher's frozen copy of layers (scope full), then the root."""
+    teacher's frozen copy of layers (scope full), then the root; the embedding and the LM head are split by
+    vocabulary instead (``swiftkv.distill.vocab``: the root would hold them gathered for the whole step)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from swiftkv.distill.vocab import shard_vocabulary
+
     mesh = init_device_mesh(device.type, (int(os.environ["WORLD_SIZE"]),))
+    by_vocabulary = shard_vocabulary(pair.model, device)
     layers = pair.model.model.layers
     for module in list(pair.modules()):
         own = list(module.parameters(recurse=False))
@@ -244,7 +248,7 @@ def shard_pair(pair: nn.Module, device: torch.device) -> None:
     if getattr(pair, "teacher_layers", None) is not None:
         for layer in pair.teacher_layers:
             fully_shard(layer, mesh=mesh)
-    fully_shard(pair, mesh=mesh)
+    fully_shard(pair, mesh=mesh, ignored_params=by_vocabulary)
 
 
 def weights_from_rank0(par: Parallel, model: nn.Module, train: bool) -> bool:
@@ -267,12 +271,21 @@ def fill_from_rank0(pair: nn.Module, full_state: dict | None, par: Parallel) -> 
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    from swiftkv.distill.vocab import scatter_slices, sharded_parameters, tie_slices
+
     if not par.main:
         pair.to_empty(device=par.device)
+        tie_slices(pair.model)
     for buf in pair.buffers():
         dist.broadcast(buf, src=0)
-    set_model_state_dict(pair, full_state if par.main else {},
-                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    sliced = sharded_parameters(pair)  # the embedding and head: each rank its vocabulary slice of rank 0's weight
+    if not par.all_true(not par.main or set(full_state) == set(pair.state_dict())):  # strict=False below: checked here
+        raise RuntimeError("rank 0's weights do not name every weight of the sharded model")
+    for name, module in sliced.items():
+        scatter_slices(full_state[name] if par.main else None, module)
+    rest = {k: v for k, v in full_state.items() if k not in sliced} if par.main else {}
+    set_model_state_dict(pair, rest, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                              strict=not sliced))
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
