@@ -9,10 +9,11 @@ gathered). Both are frozen in every SwiftKV scope, so ``shard_vocabulary`` takes
 - the embedding (``ShardedEmbedding``): the ranks' token ids are gathered, each rank looks up the ids it holds (zeros
   for the others) and the results are summed over the ranks (one rank holds each id, so the sum is exact);
 - the losses (``sharded_kl``, ``sharded_cross_entropy``, ``sharded_metrics``): the ranks' final hidden states are
-  gathered, each rank computes the logits of its vocabulary slice for every rank's positions, the log-sum-exp over
-  the whole vocabulary from each slice's max and sum (all-reduced), the loss per position and its gradient with
-  respect to the hidden states from its slice, summed over the ranks; each rank keeps its own positions. The same
-  numbers as the one-process losses up to fp32 summation order (tests/test_vocab_parallel.py).
+  gathered a chunk of positions at a time (``chunks``: at most ``chunk_size`` rows over all ranks, so the memory
+  does not grow with the ranks), each rank computes the logits of its vocabulary slice for those positions, the
+  log-sum-exp over the whole vocabulary from each slice's max and sum (all-reduced), the loss per position and its
+  gradient with respect to the hidden states from its slice, summed over the ranks; each rank keeps its own
+  positions. The same numbers as the one-process losses up to fp32 summation order (tests/test_vocab_parallel.py).
 
 Nothing here trains: the embedding and the head get no gradient, so no gradient is reduced for them.
 """
@@ -80,7 +81,8 @@ class ShardedHead(_Sliced):
         self.tied = tied
 
     def forward(self, hidden):
-        raise RuntimeError("a vocabulary-sharded LM head has no logits of its own; use the losses of swiftkv.distill.vocab")
+        raise RuntimeError("a vocabulary-sharded LM head has no logits of its own; the losses of "
+                           "swiftkv.distill.vocab apply it")
 
     def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(n, stop - start) fp32 logits of this rank's vocabulary slice."""
@@ -227,7 +229,8 @@ def sharded_metrics(student_hidden, teacher_hidden, labels, head: ShardedHead, c
            "teacher_nll_sum": 0.0, "labelled": int((labels >= 0).sum())}
     for a, rows in chunks(student_hidden.shape[0], chunk_size, student_hidden.device):
         mine = slice(a, a + rows.mine_count)
-        s, t = head.local_logits(rows.gather(student_hidden[mine])), head.local_logits(rows.gather(teacher_hidden[mine]))
+        s = head.local_logits(rows.gather(student_hidden[mine]))
+        t = head.local_logits(rows.gather(teacher_hidden[mine]))
         y = rows.gather(labels[mine].reshape(-1, 1)).reshape(-1)
         lse_s, lse_t = _lse(s), _lse(t)
         out["top1_sum"] += int(rows.mine(_argmax(s, head) == _argmax(t, head)).sum())
@@ -295,14 +298,14 @@ def gather_slices(weight: torch.Tensor, module: _Sliced) -> torch.Tensor:
 def scatter_slices(full: torch.Tensor | None, module: _Sliced) -> None:
     """Fill every rank's slice from rank 0's whole weight ``full`` (None on the other ranks)."""
     per = -(-module.vocab // module.world)
-    chunks = None
+    parts = None
     if dist.get_rank() == 0:
         whole = full.to(module.weight.device, module.weight.dtype)
-        chunks = [whole.new_zeros((per, *whole.shape[1:])) for _ in range(module.world)]
-        for r, chunk in enumerate(chunks):
+        parts = [whole.new_zeros((per, *whole.shape[1:])) for _ in range(module.world)]
+        for r, chunk in enumerate(parts):
             start, stop = vocab_bounds(module.vocab, module.world, r)
             chunk[:stop - start] = whole[start:stop]
     out = module.weight.new_empty((per, *module.weight.shape[1:]))
-    dist.scatter(out, chunks, src=0)
+    dist.scatter(out, parts, src=0)
     with torch.no_grad():
         module.weight.copy_(out[:module.stop - module.start])
