@@ -136,7 +136,8 @@ def cmd_bench_distill_memory(args) -> None:
     result["command"] = io.COMMAND
     write_json(args.output, result, overwrite=args.overwrite)
     gib = 2 ** 30
-    print(f"peak resident memory per rank (ru_maxrss, max over ranks), {result['cpu']}, allocator: {result['allocator']}:")
+    print(f"peak resident memory per rank (ru_maxrss, max over ranks), {result['cpu']}, "
+          f"allocator: {result['allocator']}:")
     for r in result["results"]:
         print(f"{r['case']:>24}: {r['peak_bytes_max_rank'] / gib:6.2f} GiB  "
               f"({r['peak_minus_baseline_bytes_max_rank'] / gib:.2f} GiB above the {r['ranks'][0]['baseline_bytes'] / gib:.2f} GiB after imports; predicted "
