@@ -92,11 +92,9 @@ def predict_bytes(shape: dict, strategy: str, processes: int, dtype_bytes: int, 
         acts = upper * tokens_per_rank * h * dtype_bytes + tokens_per_rank * per_token_layer
     else:
         acts = upper * tokens_per_rank * per_token_layer
-    if strategy == "fsdp":  # a chunk of every rank's positions against this rank's slice of the vocabulary
-        parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, processes * tokens_per_rank) * (
-            -(-v // processes)) * 4
-    else:
-        parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, tokens_per_rank) * v * 4
+    # the loss's chunk of logits; under FSDP a chunk of every rank's positions against this rank's vocabulary slice
+    positions, vocab = (processes * tokens_per_rank, -(-v // processes)) if strategy == "fsdp" else (tokens_per_rank, v)
+    parts["activations"] = acts + 4 * tokens_per_rank * h * 4 + 3 * min(CHUNK, positions) * vocab * 4
     parts["total"] = sum(parts.values())
     return parts
 

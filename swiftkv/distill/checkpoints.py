@@ -40,7 +40,6 @@ def gather_checkpoint(pair: DistillModel, optimizer, scheduler, state: dict) -> 
     """Trainable weights, optimizer and scheduler state, progress, as whole tensors on the CPU (under FSDP the
     shards are gathered: every rank must call it)."""
     from swiftkv.distill.parallel import full_tensor
-    from swiftkv.distill.vocab import gather_slices, sharded_parameters
 
     opt = optimizer.state_dict()
     opt = {**opt, "state": {i: {k: full_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in st.items()}

@@ -281,8 +281,11 @@ def fill_from_rank0(pair: nn.Module, full_state: dict | None, par: Parallel) -> 
     sliced = sharded_parameters(pair)  # the embedding and head: each rank its vocabulary slice of rank 0's weight
     if not par.all_true(not par.main or set(full_state) == set(pair.state_dict())):  # strict=False below: checked here
         raise RuntimeError("rank 0's weights do not name every weight of the sharded model")
+    filled = set()
     for name, module in sliced.items():
-        scatter_slices(full_state[name] if par.main else None, module)
+        if id(module.weight) not in filled:  # a tied head shares the embedding's slice: one scatter
+            filled.add(id(module.weight))
+            scatter_slices(full_state[name] if par.main else None, module)
     rest = {k: v for k, v in full_state.items() if k not in sliced} if par.main else {}
     set_model_state_dict(pair, rest, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
                                                               strict=not sliced))

@@ -146,6 +146,15 @@ def _picked(x: torch.Tensor, labels: torch.Tensor, head: _Sliced) -> tuple[torch
     return value, rows, local[rows]
 
 
+def _kl_rows(s: torch.Tensor, t: torch.Tensor, lse_s: torch.Tensor, lse_t: torch.Tensor):
+    """Each row's KL(softmax(t) || softmax(s)) over the whole vocabulary, from the ranks' slices of the logits and the
+    whole log-sum-exps (the slices' shares of sum p (t - s) all-reduced); and softmax(t) on this rank's slice."""
+    p = torch.sub(t, lse_t).exp_()
+    part = row_dot(p, t) - row_dot(p, s)
+    dist.all_reduce(part)
+    return part + (lse_s - lse_t).squeeze(-1), p
+
+
 class ShardedKL(torch.autograd.Function):
     """``losses.HeadKL`` over vocabulary slices: this rank's summed T^2 KL(teacher || student), gradient stored."""
 
@@ -159,12 +168,10 @@ class ShardedKL(torch.autograd.Function):
             s = head.local_logits(rows.gather(hidden[mine].detach())).div_(temperature)  # n,V_r
             t = head.local_logits(rows.gather(teacher_hidden[mine].detach())).div_(temperature)
             lse_s, lse_t = _lse(s), _lse(t)
-            p = torch.sub(t, lse_t).exp_()  # softmax(t) on this slice
-            part = row_dot(p, t) - row_dot(p, s)  # n: this slice's share of sum p (t - s)
+            kl, p = _kl_rows(s, t, lse_s, lse_t)
             g = grad_through_head(s.sub_(lse_s).exp_().sub_(p).mul_(temperature), w).float()  # n,H: slice's share
-            dist.all_reduce(part)
             dist.all_reduce(g)
-            total += rows.mine(part + (lse_s - lse_t).squeeze(-1)).sum()
+            total += rows.mine(kl).sum()
             grad[mine] = rows.mine(g).to(grad.dtype)
         ctx.save_for_backward(grad)
         return total * (temperature * temperature)
@@ -238,10 +245,7 @@ def sharded_metrics(student_hidden, teacher_hidden, labels, head: ShardedHead, c
         for key, x, lse in (("student_nll_sum", s, lse_s), ("teacher_nll_sum", t, lse_t)):
             picked, _, _ = _picked(x, y, head)
             out[key] += float(rows.mine(lse.squeeze(-1) - picked)[keep].sum())
-        p = torch.sub(t, lse_t).exp_()
-        part = row_dot(p, t) - row_dot(p, s)
-        dist.all_reduce(part)
-        out["kl_sum"] += float(rows.mine(part + (lse_s - lse_t).squeeze(-1)).sum())
+        out["kl_sum"] += float(rows.mine(_kl_rows(s, t, lse_s, lse_t)[0]).sum())
     return out
 
 
