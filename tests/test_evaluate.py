@@ -99,6 +99,51 @@ def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, mon
     assert [g[1] for g in got] == [w[1] for w in want]
 
 
+def test_a_group_past_the_forward_limit_is_split_into_segments():
+    """``_segments``: a group within the limit stays one segment; one past it (lm-eval's rolling windows share a
+    one-token context) is cut, in order, into segments of at most ``limit`` positions, each with the context; a
+    continuation longer than the limit alone is a segment of its own; every request lands in exactly one segment."""
+    from swiftkv.measure.lm import _segments
+
+    mc = (tuple(range(2, 12)), [(0, [20]), (1, [21, 22]), (2, [23])])  # 10 + 0 + 1 + 0 positions
+    rolling = ((1,), [(3, list(range(2, 12))), (4, list(range(2, 9))), (5, list(range(2, 40))), (6, [7, 8])])
+    got = list(_segments(dict([mc, rolling]), limit=15))
+    assert got[0] == mc
+    assert [[r for r, _ in conts] for _, conts in got[1:]] == [[3], [4], [5], [6]]  # 1 + 9 + 6 = 16 > 15
+    assert all(ctx == (1,) for ctx, _ in got[1:])
+    got = list(_segments(dict([rolling]), limit=16))
+    assert [[r for r, _ in conts] for _, conts in got] == [[3, 4], [5], [6]]
+    assert [len(ctx) + sum(len(c) - 1 for _, c in conts) for ctx, conts in got] == [16, 38, 2]  # 38: request 5 alone
+
+
+@pytest.mark.parametrize("kind", ["base", "student"])
+@torch.no_grad()
+def test_rolling_windows_sharing_one_token_are_packed_in_rows_no_wider_than_a_forward(kind, monkeypatch):
+    """Rolling log-likelihood windows all share lm-eval's one-token context. Their group is split into segments of
+    at most positions_per_forward positions (one segment of every window made rows as wide as all the windows
+    together, whose attention costs width**2), and every log-likelihood still equals a direct forward."""
+    from swiftkv.measure.lm import _segments
+
+    model = MODELS[kind](tiny_base())
+    monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
+    lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), max_length=40, device="cpu", positions_per_forward=48)
+    gen = torch.Generator().manual_seed(3)
+    reqs = [(None, [1], torch.randint(2, TINY["vocab_size"], (n,), generator=gen).tolist())
+            for n in (30, 9, 21, 14, 5, 27, 17, 11)]  # 134 scored positions behind one shared context
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    finally:
+        hook.remove()
+    assert lm.last_path == "packed" and max(widths) <= 48 and lm.forwards >= 3
+    segments = len(list(_segments({(1,): [(i, c) for i, (_, _, c) in enumerate(reqs)]}, 48)))
+    assert segments > 1 and lm.tokens_run == {"context": segments, "continuation": 134 - len(reqs)}
+    want = [direct_loglikelihood(model, c, t, 40) for _, c, t in reqs]
+    assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
+    assert [g[1] for g in got] == [w[1] for w in want]
+
+
 @torch.no_grad()
 def test_student_prefill_skips_later_layers():
     """Context positions of a student stop at layer l: layer l sees only the last context position in the prefill."""

@@ -146,12 +146,12 @@ class SwiftKVLM(HFLM):
         return "chunked"
 
     def _packed_batches(self, groups):
-        """Segments (a context, then every continuation of it but its last token), longest first, placed first-fit
-        into rows of one width; a batch closes when another row would pass ``positions_per_forward`` positions or
-        its scored positions would pass the logits budget."""
-        segments = sorted(((ctx, conts) for ctx, conts in groups.items()),
-                          key=lambda g: -(len(g[0]) + sum(len(c) - 1 for _, c in g[1])))
+        """Segments (a context, then its continuations but each one's last token; ``_segments``), longest first,
+        placed first-fit into rows of one width; a batch closes when another row would pass ``positions_per_forward``
+        positions or its scored positions would pass the logits budget."""
         max_positions, budget = self.positions_per_forward, self._position_budget()
+        segments = sorted(_segments(groups, max_positions),
+                          key=lambda g: -(len(g[0]) + sum(len(c) - 1 for _, c in g[1])))
         rows: list[list] = []  # [used, scored, segments]
         width = 0
         for ctx, conts in segments:
@@ -346,6 +346,22 @@ def packed_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     causal = order[None, :, None] >= order[None, None, :]
     own = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
     return (same & causal & own)[:, None]
+
+
+def _segments(groups, limit: int):
+    """A context and its continuations as segments of at most ``limit`` positions (or one continuation, if that alone
+    is longer): a group past the limit (lm-eval's rolling windows all share a one-token context) is split into several
+    segments, each with its own copy of the context, so that no packed row, whose attention costs width**2, grows to
+    the whole group. Groups within the limit (multiple-choice questions) stay one segment."""
+    for ctx, conts in groups.items():
+        chunk, length = [], len(ctx)
+        for request, cont in conts:
+            if chunk and length + len(cont) - 1 > limit:
+                yield ctx, chunk
+                chunk, length = [], len(ctx)
+            chunk.append((request, cont))
+            length += len(cont) - 1
+        yield ctx, chunk
 
 
 def _wasteful(length: int, width: int) -> bool:
