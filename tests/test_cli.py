@@ -183,5 +183,6 @@ def test_every_folder_a_command_writes_has_a_kind():
     assert "bigbench generate" in found and "bigbench extract" in found
     unknown = {cmd: what for cmd, what in found.items() if kind_of(what) is None}
     assert not unknown, unknown
-    kinds = [kind_of(found[f"bigbench {c}"]) for c in ("generate", "extract", "extract-mmlu")]
-    assert len(set(kinds)) == 3  # a folder of one source's tasks is never filled by another's command
+    sources = ("generate", "extract", "extract-mmlu", "extract-olmes", "extract-installed")
+    kinds = [kind_of(found[f"bigbench {c}"]) for c in sources]
+    assert len(set(kinds)) == len(sources)  # a folder of one source's tasks is never filled by another's command

