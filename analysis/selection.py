@@ -22,6 +22,26 @@ def _chances(result: dict, task: str) -> dict[str, float]:
     return {f"{task}/{s['doc']['id']}": float(s["doc"]["chance"]) for s in result["samples"][task]}
 
 
+def check_same_questions(result: dict, manifest: dict, selection_dir: str | Path) -> None:
+    """Raise unless ``result`` (a selection run, e.g. the committed one) scored exactly this build's selection half
+    of every task of ``manifest`` (its files in ``selection_dir``): the same question ids, task by task (the ids hash
+    the task, the question and its choices: swiftkv.data.bigbench.example_id)."""
+    import json
+
+    folder = Path(selection_dir)
+    for name, entry in sorted(manifest["tasks"].items()):
+        task = entry["splits"]["selection"]["task"]
+        with open(folder / f"{entry['slug']}.jsonl", encoding="utf-8") as f:
+            built = {json.loads(line)["id"] for line in f if line.strip()}
+        scored = {s["doc"]["id"] for s in result.get("samples", {}).get(task, [])}
+        if scored != built:
+            raise ValueError(f"the selection run scored {len(scored)} questions of {name} and this build's selection "
+                             f"half has {len(built)} ({len(scored & built)} in both): it was run on other questions")
+    extra = set(result.get("samples", {})) - {e["splits"]["selection"]["task"] for e in manifest["tasks"].values()}
+    if extra:
+        raise ValueError(f"the selection run scored tasks this build does not have: {', '.join(sorted(extra))}")
+
+
 def select_tasks(
     result: dict,
     manifest: dict,

@@ -88,6 +88,25 @@ def test_selection_keeps_tasks_above_chance_only():
     assert [t["selected_by"].startswith("min_tasks") for t in filled] == [True, False]  # sorted by name: chance, easy
 
 
+def test_a_committed_selection_run_must_have_scored_this_builds_selection_half(tmp_path):
+    """analysis.selection.check_same_questions: the same question ids task by task, or one line saying what differs."""
+    from analysis.selection import check_same_questions
+
+    result = fake_result({"bb_easy_selection": [1, 0, 1], "bb_hard_selection": [0, 0]})
+    manifest = {"tasks": {name: {"slug": f"bb_{name}", "splits": {"selection": {"task": f"bb_{name}_selection"}}}
+                          for name in ("easy", "hard")}}
+    for name, ids in (("easy", ["d0", "d1", "d2"]), ("hard", ["d0", "d1"])):
+        (tmp_path / f"bb_{name}.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
+    check_same_questions(result, manifest, tmp_path)
+    (tmp_path / "bb_hard.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in ("d0", "d7")))
+    with pytest.raises(ValueError, match="scored 2 questions of hard and this build's selection half has 2 "
+                                         r"\(1 in both\): it was run on other questions"):
+        check_same_questions(result, manifest, tmp_path)
+    del manifest["tasks"]["hard"]
+    with pytest.raises(ValueError, match="scored tasks this build does not have: bb_hard_selection"):
+        check_same_questions(result, manifest, tmp_path)
+
+
 def test_tables_from_fixture_results(tmp_path):
     rng = np.random.default_rng(4)
     n = 300

@@ -61,6 +61,17 @@ def test_eval_jobs_wire_checkpoint_tasks_and_cache():
         assert part in heldout and part not in tasks, (tasks, heldout)
 
 
+def test_the_default_profile_reads_the_committed_selection_run():
+    """The main job re-derives the suite from the committed selection run (eval.bigbench.selection_from) instead of
+    the base model's ~18-minute run; with selection_from null it runs the selection, as the CI profile does."""
+    out = dry_run(["results/reports/table2.csv"], flags=("-p",))
+    assert out.returncode == 0, out.stderr
+    counts = job_counts(out.stdout)
+    assert counts["committed_selection_run"] == counts["select_bigbench_tasks"] == 1
+    assert "eval_selection_split" not in counts
+    assert "reports/raw/suite/eval/smollm2-135m/selection/lm_eval.json.gz" in out.stdout
+
+
 def test_paper_profile_uses_the_papers_tasks():
     out = dry_run(["results/reports/table2.csv"], "config/paper.yaml")
     assert out.returncode == 0, out.stderr

@@ -193,7 +193,26 @@ rule build_heldout_ppl_task:
         " --max-tokens {params.cfg[max_tokens]} --conversations {params.conversations} --output {output} > {log} 2>&1"
 
 
-if EVAL["suite"] == "bigbench":
+SELECTION_FROM = EVAL.get("bigbench", {}).get("selection_from")
+
+
+if EVAL["suite"] == "bigbench" and SELECTION_FROM:
+
+    # The committed selection run (eval.bigbench.selection_from, a raw folder: reports/raw/suite) as this run's, once
+    # it is shown to have scored exactly this build's selection halves: the rule below then re-derives the choice
+    # from it, without the base model's ~18-minute run; and on another CPU the choice cannot move by a rounding.
+    rule committed_selection_run:
+        input:
+            run=os.path.join(SELECTION_FROM, "eval", "{model}", "selection", "lm_eval.json.gz"),
+            bigbench="results/tasks/bigbench",
+        output:
+            "results/eval/{model}/selection/lm_eval.json",
+        log:
+            "logs/committed_selection_run/{model}.log",
+        script:
+            "../scripts/committed_selection_run.py"
+
+elif EVAL["suite"] == "bigbench":
 
     # The base model on the selection half of every candidate task: only used to choose the reported tasks.
     rule eval_selection_split:
@@ -218,6 +237,9 @@ if EVAL["suite"] == "bigbench":
             "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
             " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {params.dtype} --threads {threads}"
             " --output-dir {params.outdir} > {log} 2>&1"
+
+
+if EVAL["suite"] == "bigbench":
 
     rule select_bigbench_tasks:
         input:
