@@ -17,9 +17,9 @@ Which tasks, and why these (the variant file that holds the task's largest split
 questions, and only ``doc`` is read): ARC-Challenge and ARC-Easy (test), OpenBookQA (test), BoolQ, CommonsenseQA,
 HellaSwag, PIQA, Social IQa, MedMCQA (validation), MedQA (English, test). Left out: SciQ (its data licence is
 non-commercial), WinoGrande (partial scoring: the context differs per choice, which a cloze task cannot state),
-the basic-skills tasks (no question text in ``doc``). The datasets keep their own licences (ARC CC BY-SA 4.0, BoolQ
-CC BY-SA 3.0, OpenBookQA Apache-2.0, CommonsenseQA and HellaSwag MIT, PIQA AFL-3.0, Social IQa CC BY 4.0, MedMCQA
-and MedQA MIT, as their authors publish them).
+the basic-skills tasks (no question text in ``doc``). The datasets keep their own licences, which differ (ARC's is
+CC BY-SA 4.0, HellaSwag's MIT): check a dataset's own before redistributing results that quote its questions (a raw
+folder's lm-eval samples do).
 """
 
 from __future__ import annotations
