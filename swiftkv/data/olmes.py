@@ -126,23 +126,31 @@ def task_json(name: str, questions: list[dict], source: str) -> tuple[dict, int]
             "example_output_prefix": "", "swiftkv_source": source, "examples": examples}, repeated
 
 
-def write_olmes_tasks(names: list[str], out_dir: str | Path, paths: dict[str, Path] | None = None) -> list[Path]:
-    """``out_dir/olmes/<task>/task.json`` for each named task, every name checked before anything is written.
-    ``paths`` (tests): task -> requests file, instead of the installed, verified ones."""
+def read_tasks(names: list[str], paths: dict[str, Path] | None = None) -> dict[str, dict]:
+    """Name -> ``task.json`` content for each named task, every name, file and count checked before anything is
+    returned (so a caller writes nothing when one is wrong). ``paths`` (tests): task -> requests file, instead of the
+    installed, verified ones (then the counts are not checked)."""
     import logging
 
     check_names(names)
-    log = logging.getLogger(__name__)
     verified = paths is None
-    if verified:  # every file located and checked before anything is written
+    if verified:
         paths = {name[len(PREFIX):]: requests_path(name[len(PREFIX):]) for name in names}
-    written = []
+    tasks = {}
     for name in names:
-        task = name[len(PREFIX):]
-        spec = TASKS[task]
-        data, repeated = task_json(name, read_questions(paths[task], spec.questions if verified else None), spec.source)
+        spec = TASKS[name[len(PREFIX):]]
+        questions = read_questions(paths[name[len(PREFIX):]], spec.questions if verified else None)
+        tasks[name], repeated = task_json(name, questions, spec.source)
         if repeated:
-            log.info("%s: %d questions left out (choices repeat after stripping)", name, repeated)
+            logging.getLogger(__name__).info("%s: %d questions left out (choices repeat after stripping)", name,
+                                             repeated)
+    return tasks
+
+
+def write_tasks(tasks: dict[str, dict], out_dir: str | Path) -> list[Path]:
+    """``out_dir/olmes/<task>/task.json`` for each of ``read_tasks``' tasks."""
+    written = []
+    for name, data in tasks.items():
         target = Path(out_dir) / name / "task.json"
         write_text(target, json.dumps(data, ensure_ascii=False))
         written.append(target)
