@@ -95,3 +95,50 @@ def test_conversations_round_trip(tmp_path):
     write_conversations(convs, tmp_path / "c.jsonl")
     back = read_conversations(tmp_path / "c.jsonl")
     assert [(c.id, c.messages) for c in back] == [(c.id, c.messages) for c in convs]
+
+
+@torch.no_grad()
+def test_the_teacher_computed_once_gives_the_same_numbers(family, tmp_path):
+    """``teacher_outputs`` saved and loaded, then ``measure_fidelity(..., cached=)`` runs only the teacher's head: every
+    number equals the run that computes the teacher itself, for a student, the teacher itself and its FP8 cache."""
+    from swiftkv.measure.fidelity import TeacherOutputs, teacher_outputs
+
+    teacher, tok = tiny_base(family), tiny_tokenizer()
+    student = convert_to_swiftkv(tiny_base(family), 2)
+    settings = FidelitySettings(num_sequences=5, max_tokens=24, num_prompts=3, max_prompt_tokens=40, new_tokens=5,
+                                batch_size=2)
+    teacher_outputs(teacher, tok, conversations(), settings, progress=False).save(tmp_path / "ft")
+    cached = TeacherOutputs.load(tmp_path / "ft")
+    assert len(cached.hidden) == 3 and len(cached.greedy) == 3  # batches of 2, 2, 1
+    for model, factory in ((student, None), (teacher, None), (teacher, make_cache_factory("fp8"))):
+        direct = measure_fidelity(teacher, model, tok, conversations(), settings, factory, progress=False)
+        again = measure_fidelity(teacher, model, tok, conversations(), settings, factory, progress=False,
+                                 cached=cached)
+        assert again == direct
+    assert direct["kl"] > 0  # the FP8 case: the teacher's side is really compared
+
+
+@torch.no_grad()
+def test_a_fidelity_teacher_for_other_settings_weights_or_sequences_is_refused(tmp_path):
+    from swiftkv.errors import SwiftKVError
+    from swiftkv.measure.fidelity import TeacherOutputs, teacher_outputs
+
+    teacher, tok = tiny_base(), tiny_tokenizer()
+    settings = FidelitySettings(num_sequences=3, max_tokens=24, num_prompts=2, max_prompt_tokens=40, new_tokens=4,
+                                batch_size=2)
+    teacher_outputs(teacher, tok, conversations(), settings, progress=False).save(tmp_path / "ft")
+    cached = TeacherOutputs.load(tmp_path / "ft")
+    cases = [
+        (tiny_base(), conversations(), FidelitySettings(**{**settings.__dict__, "new_tokens": 5}),
+         "other settings (new_tokens 5 != 4)"),
+        (tiny_base(seed=7), conversations(), settings, "other teacher weights"),
+        (tiny_base(), conversations()[1:], settings, "other teacher-forced sequences"),
+    ]
+    for model, convs, s, message in cases:
+        with pytest.raises(SwiftKVError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            measure_fidelity(model, model, tok, convs, s, progress=False, cached=cached)
+    (tmp_path / "ft" / "hidden.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(SwiftKVError, match="unreadable fidelity teacher"):
+        TeacherOutputs.load(tmp_path / "ft")
+    with pytest.raises(SwiftKVError, match="is not a fidelity teacher"):
+        TeacherOutputs.load(tmp_path)

@@ -39,6 +39,7 @@ def test_all_five_tables_in_the_ci_profile():
     native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
     assert counts["eval_swiftkv"] == len(native) + len(sheet_rows("tableB1"))  # + the FP8 rows of Table B.1
     assert counts["heldout_swiftkv"] == counts["eval_swiftkv"]  # each row's held-out measures in their own job
+    assert counts["fidelity_teacher"] == 1  # the teacher's side of the fidelity measure: once for the model
     assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
 
@@ -57,8 +58,12 @@ def test_eval_jobs_wire_checkpoint_tasks_and_cache():
                  "--no-fidelity"):
         assert part in tasks and part not in heldout, (tasks, heldout)
     for part in ("--task sharegpt_heldout_ppl", "--fidelity-sequences 2",
-                 "--heldout results/tasks/heldout-ppl/smollm2-135m/conversations.jsonl"):
+                 "--heldout results/tasks/heldout-ppl/smollm2-135m/conversations.jsonl",
+                 "--fidelity-teacher results/fidelity_teacher/smollm2-135m"):
         assert part in heldout and part not in tasks, (tasks, heldout)
+    teacher = next(line for line in out.stdout.splitlines() if "swiftkv fidelity-teacher" in line)
+    fidelity_options = heldout[heldout.index("--fidelity-sequences"):heldout.index(" --fidelity-teacher")]
+    assert fidelity_options in teacher and "-o results/fidelity_teacher/smollm2-135m" in teacher  # the same settings
 
 
 def test_the_default_profile_reads_the_committed_selection_run():

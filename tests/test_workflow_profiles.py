@@ -26,7 +26,7 @@ REPORT = "results/reports/report.html"
 GPUS = {"gpu-1": 1, "gpu-node-8": 8}
 # A command that loads a model's weights: the swiftkv subcommands that run one (directly or under accelerate).
 MODEL_COMMAND = re.compile(r"(?:^|\s)(?:swiftkv|-m swiftkv\.cli) (?:simscore|teacher-cache|distill|eval|advise|"
-                           r"long-context|convert|prepare-model|bench (?:prefill|distill|serve|served-fidelity))\s")
+                           r"long-context|convert|prepare-model|fidelity-teacher|bench (?:prefill|distill|serve|served-fidelity))\s")
 
 
 @dataclass
@@ -153,7 +153,8 @@ def test_every_job_that_runs_a_model_declares_its_gpus(profile):
     three together hold every rule of the workflow that runs a model)."""
     jobs = plain_run(*RUNS[profile])
     runs_a_model = {j.rule for j in jobs if MODEL_COMMAND.search(j.shell)}
-    assert {"distill_swiftkv", "eval_swiftkv", "heldout_swiftkv", "compute_simscore", "bench_serve"} <= runs_a_model
+    assert {"distill_swiftkv", "eval_swiftkv", "fidelity_teacher", "heldout_swiftkv", "compute_simscore",
+            "bench_serve"} <= runs_a_model
     assert not runs_a_model & {"compute_flops", "make_table", "render_report", "raw_table"}
     assert model_jobs_without_gpu(jobs) == []
 

@@ -4,7 +4,7 @@ handlers parse options and call the library. Each command imports its heavy depe
 - ``options``: the parser class, argument types, model arguments, dtype / device resolution;
 - ``model``: prepare-model, convert, generate, simscore, flops;
 - ``distill``: distill, teacher-cache;
-- ``evaluate``: bigbench, heldout-ppl-task, eval;
+- ``evaluate``: bigbench, heldout-ppl-task, eval, fidelity-teacher, long-context;
 - ``bench``: bench prefill / distill / distill-memory; ``serving``: bench serve / vllm / served-fidelity /
   sharegpt-requests.
 
@@ -48,7 +48,8 @@ def command_inputs(args) -> list[str]:
 
 # options whose values are paths a command reads
 INPUT_OPTIONS = ("model", "base", "models", "teacher_cache", "tasks_json", "bigbench_manifest", "include_path",
-                 "tasks_dir", "tarball", "heldout", "requests", "trained", "model_config", "variants")
+                 "tasks_dir", "tarball", "heldout", "requests", "trained", "model_config", "variants",
+                 "fidelity_teacher")
 
 
 def check_outputs(args) -> None:

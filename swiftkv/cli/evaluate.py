@@ -176,7 +176,6 @@ def cmd_eval(args) -> None:
     from swiftkv.io import open_output_dir, write_json
     from swiftkv.loading import check_base_loaded, check_base_model, load_model
     from swiftkv.measure.evaluate import collect_tasks, evaluate_model
-    from swiftkv.measure.fidelity import FidelitySettings
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -185,6 +184,11 @@ def cmd_eval(args) -> None:
     if not tasks and args.no_fidelity:
         raise SwiftKVError("nothing to evaluate: no tasks given and --no-fidelity; pass --tasks-json, "
                            "--bigbench-manifest or --task, or drop --no-fidelity")
+    cached = None
+    if args.fidelity_teacher and not args.no_fidelity:  # read (and refused) before any model loads
+        from swiftkv.measure.fidelity import TeacherOutputs
+
+        cached = TeacherOutputs.load(args.fidelity_teacher)
     with_base = args.base and args.base != args.model and not args.no_fidelity  # a base model is its own teacher
     if with_base:
         check_base_model(args.model, args.base, args.resources)  # vocabulary and frozen weights, before loading
@@ -198,18 +202,21 @@ def cmd_eval(args) -> None:
         teacher.to(args.device)
     if args.teacher:
         as_teacher(model, args.model)
-    fidelity = None if args.no_fidelity else FidelitySettings(
-        num_sequences=args.fidelity_sequences, max_tokens=args.fidelity_tokens, num_prompts=args.fidelity_prompts,
-        max_prompt_tokens=args.fidelity_prompt_tokens, new_tokens=args.fidelity_new_tokens,
-        batch_size=min(args.batch_size, 8))
+    fidelity = None if args.no_fidelity else _fidelity_settings(args)
     heldout = None
     if args.heldout and fidelity is not None:
         from swiftkv.data.heldout import read_conversations
 
         heldout = read_conversations(args.heldout)
+    if cached is not None:
+        from swiftkv.data.heldout import heldout_sample
+
+        cached.check_for(teacher if teacher is not None else model, tokenizer,
+                         heldout if heldout is not None else heldout_sample(), fidelity)  # before the tasks run
     result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
                                  batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed,
-                                 scorer=args.scorer, positions_per_forward=args.positions_per_forward)
+                                 scorer=args.scorer, positions_per_forward=args.positions_per_forward,
+                                 fidelity_teacher=cached)
     out = open_output_dir(args.output_dir, args.overwrite, args.output_what)
     if fid is not None:
         fid.update(model=args.model, base=args.base)
@@ -223,6 +230,43 @@ def cmd_eval(args) -> None:
         shown = {k: round(v, 4) for k, v in scores.items() if isinstance(v, float) and "stderr" not in k}
         print(f"{name:45s} {shown}")
     print(f"lm-eval: {result['swiftkv']['seconds_lm_eval']:.0f} s")
+
+
+def _fidelity_settings(args):
+    from swiftkv.measure.fidelity import FidelitySettings
+
+    return FidelitySettings(
+        num_sequences=args.fidelity_sequences, max_tokens=args.fidelity_tokens, num_prompts=args.fidelity_prompts,
+        max_prompt_tokens=args.fidelity_prompt_tokens, new_tokens=args.fidelity_new_tokens,
+        batch_size=min(args.batch_size, 8))
+
+
+def cmd_fidelity_teacher(args) -> None:
+    import torch
+
+    from swiftkv.data.heldout import heldout_sample, read_conversations
+    from swiftkv.loading import load_model
+    from swiftkv.measure.fidelity import teacher_outputs
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype, args.device), resources=args.resources)
+    model.to(args.device).eval()
+    conversations = read_conversations(args.heldout) if args.heldout else heldout_sample()
+    out = teacher_outputs(model, tokenizer, conversations, _fidelity_settings(args), progress=not args.no_progress)
+    out.save(args.output, args.overwrite)
+    print(f"{args.output}: {out.key['sequences']} teacher-forced sequences in {len(out.hidden)} batches, "
+          f"{len(out.greedy)} greedy continuations ({out.key['dtype']})")
+
+
+def _add_fidelity_args(p) -> None:
+    p.add_argument("--heldout", default=None, help="held-out conversations for fidelity (JSONL from heldout-ppl-task "
+                   "--conversations; default: the held-out ShareGPT split in hash order)")
+    p.add_argument("--fidelity-sequences", type=int, default=16)
+    p.add_argument("--fidelity-tokens", type=int, default=256)
+    p.add_argument("--fidelity-prompts", type=int, default=16)
+    p.add_argument("--fidelity-prompt-tokens", type=int, default=160)
+    p.add_argument("--fidelity-new-tokens", type=int, default=32)
 
 
 def cmd_long_context(args) -> None:
@@ -387,13 +431,11 @@ def add_parsers(sub) -> None:
                    help="positions per forward (the packed scorer)")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per task")
     p.add_argument("--no-fidelity", action="store_true")
-    p.add_argument("--heldout", default=None, help="held-out conversations for fidelity (JSONL from heldout-ppl-task "
-                   "--conversations; default: the held-out ShareGPT split in hash order)")
-    p.add_argument("--fidelity-sequences", type=int, default=16)
-    p.add_argument("--fidelity-tokens", type=int, default=256)
-    p.add_argument("--fidelity-prompts", type=int, default=16)
-    p.add_argument("--fidelity-prompt-tokens", type=int, default=160)
-    p.add_argument("--fidelity-new-tokens", type=int, default=32)
+    _add_fidelity_args(p)
+    p.add_argument("--fidelity-teacher", default=None,
+                   help="the teacher's side of the fidelity measure, computed once for every student of the base "
+                   "(swiftkv fidelity-teacher; checked against --base, these settings and sequences): the teacher's "
+                   "head runs, its layers do not; the numbers are the same")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", default="cpu")
@@ -402,3 +444,18 @@ def add_parsers(sub) -> None:
     p.add_argument("--lm-eval-name", default="lm_eval.json", type=_json_file_name,
                    help="file name of the lm-eval result in --output-dir (default lm_eval.json)")
     p.set_defaults(func=cmd_eval, output_kind="dir", output_what="lm-eval results", output_appends=True)
+
+    p = sub.add_parser("fidelity-teacher", help="the teacher's side of the fidelity measure, computed once per base "
+                       "model", description="Runs MODEL (the base model, a student's teacher) over the fidelity "
+                       "measure's teacher-forced sequences and generation prompts, as swiftkv eval --base MODEL "
+                       "would, and stores its final hidden states and greedy continuations. swiftkv eval STUDENT --base "
+                       "MODEL --fidelity-teacher DIR then runs only the teacher's head: the same numbers, about a third "
+                       "less time per student. The fidelity options must be those of the evals it serves.")
+    add_model_args(p, dtype="auto")
+    _add_fidelity_args(p)
+    p.add_argument("--batch-size", type=int, default=8, help="as swiftkv eval's (the fidelity batches are at most 8)")
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--output", "-o", required=True, help="output directory")
+    p.set_defaults(func=cmd_fidelity_teacher, output_kind="dir", output_what="fidelity teacher")

@@ -52,6 +52,7 @@ KINDS = (
     ("distillation log", "distillation log (--log-only)"),
     ("distillation checkpoints", "distillation checkpoint folder"),
     ("teacher cache", "teacher cache"),
+    ("fidelity teacher", "fidelity teacher"),
     ("arctic-inference checkpoint", "arctic-inference export"),
     ("lm-eval results", "evaluation"),
     ("vLLM raw outputs", "benchmark work folder"),

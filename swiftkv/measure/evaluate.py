@@ -187,12 +187,14 @@ def evaluate_model(
     seed: int = 1234,
     scorer: str = "packed",
     positions_per_forward: int = 1024,
+    fidelity_teacher=None,
 ) -> tuple[dict | None, dict | None]:
     """lm-eval results (with samples) of ``model`` as the student (None without ``tasks``), and its fidelity to
     ``teacher_model``.
 
     ``fidelity`` is a ``swiftkv.measure.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
-    it uses (default: ``swiftkv.data.heldout.heldout_sample()``).
+    it uses (default: ``swiftkv.data.heldout.heldout_sample()``); ``fidelity_teacher`` the teacher's side of it computed
+    once (``swiftkv.measure.fidelity.TeacherOutputs``), or None to compute it here.
     """
     from swiftkv.measure.fidelity import measure_fidelity
     from swiftkv.models.kvquant import kv_memory
@@ -216,7 +218,7 @@ def evaluate_model(
         t0 = time.perf_counter()
         conversations = heldout if heldout is not None else heldout_sample()
         fid = measure_fidelity(teacher_model if teacher_model is not None else model, model, tokenizer, conversations,
-                               fidelity, cache_factory=make_cache_factory(kv_cache))
+                               fidelity, cache_factory=make_cache_factory(kv_cache), cached=fidelity_teacher)
         fid["seconds"] = time.perf_counter() - t0
         fid["kv_cache"] = kv_cache
     return result, fid

@@ -10,16 +10,26 @@
   the teacher's continuation length (1 = identical). The student generates with its prefill skip.
 
 Every measure is kept per conversation, so that the analysis can bootstrap over conversations.
+
+The teacher's side is the same for every student of a model: ``teacher_outputs`` computes it once (the final hidden
+state of every teacher-forced batch and the teacher's greedy continuations) and ``measure_fidelity(...,
+cached=...)`` reads it, re-applying the teacher's own head (its ``ForCausalLM`` forward with the backbone's output
+given), so the numbers equal a run that computes the teacher itself (``tests/test_fidelity.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+
+from swiftkv.errors import SwiftKVError
 
 logger = logging.getLogger(__name__)
 
@@ -90,16 +100,54 @@ def _logits(model, ids, mask, cache_factory=None) -> torch.Tensor:
     return model(input_ids=ids, attention_mask=mask, **kwargs).logits.float()
 
 
+def _given_output():
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    class GivenOutput(BaseModelOutputWithPast):
+        """The decoder's output with only ``last_hidden_state``; a family's other fields (MoE router logits ...)
+        read as None, as when they are not asked for."""
+
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return None
+
+    return GivenOutput
+
+
+@contextlib.contextmanager
+def _backbone_returns(model, hidden: torch.Tensor):
+    """Within the block, ``model``'s decoder (``get_decoder()``) returns ``hidden`` as its last hidden state instead
+    of running, so ``model(...)`` applies only its own head (slicing, soft-capping: whatever the family does)."""
+    backbone = model.get_decoder()
+    backbone.forward = lambda *args, **kwargs: _given_output()(last_hidden_state=hidden)
+    try:
+        yield
+    finally:
+        del backbone.forward  # the instance attribute: the class's forward again
+
+
+def _teacher_logits(teacher, ids, mask, hidden=None) -> torch.Tensor:
+    if hidden is None:
+        return _logits(teacher, ids, mask)
+    with _backbone_returns(teacher, hidden.to(next(teacher.parameters()).device)):
+        return _logits(teacher, ids, mask)
+
+
 @torch.inference_mode()
-def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_factory=None, progress: bool = True):
+def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_factory=None, progress: bool = True,
+                   teacher_hidden: list[torch.Tensor] | None = None):
     """Per sequence: summed KL(teacher || student), top-1 agreements and the number of positions.
 
-    ``student`` may be ``teacher`` itself (then only ``cache_factory`` can make them differ)."""
+    ``student`` may be ``teacher`` itself (then only ``cache_factory`` can make them differ). ``teacher_hidden``: the
+    teacher's final hidden state of each batch (``TeacherOutputs.hidden``), so that only its head runs."""
     rows = []
-    for start in tqdm(range(0, len(sequences), batch_size), desc="fidelity: teacher-forced", disable=not progress):
+    for k, start in enumerate(tqdm(range(0, len(sequences), batch_size), desc="fidelity: teacher-forced",
+                                   disable=not progress)):
         batch = sequences[start : start + batch_size]
         ids, mask = _pad(batch, 0, "right")
-        t_logp = F.log_softmax(_logits(teacher, ids, mask), dim=-1)  # B,S,V
+        hidden = None if teacher_hidden is None else teacher_hidden[k]
+        t_logp = F.log_softmax(_teacher_logits(teacher, ids, mask, hidden), dim=-1)  # B,S,V
         if student is teacher and cache_factory is None:
             s_logp = t_logp
         else:
@@ -159,17 +207,28 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _pad_and_eos(tokenizer):
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    return pad_id, tokenizer.eos_token_id
+
+
 def measure_fidelity(teacher, student, tokenizer, conversations, settings: FidelitySettings,
-                     cache_factory=None, progress: bool = True) -> dict:
+                     cache_factory=None, progress: bool = True, cached: TeacherOutputs | None = None) -> dict:
     """All three measures for ``student`` against ``teacher`` on held-out ``conversations`` (a list of
-    ``swiftkv.data.conversations.Conversation``); per-conversation rows plus the totals."""
+    ``swiftkv.data.conversations.Conversation``); per-conversation rows plus the totals. ``cached``: the teacher's
+    side from ``teacher_outputs`` (checked against ``teacher``, these settings and these sequences first)."""
     seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
     prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
-    rows = teacher_forced(teacher, student, seqs, settings.batch_size, cache_factory, progress)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    eos_id = tokenizer.eos_token_id
-    t_gen = greedy_continuations(teacher, prompts, settings.new_tokens, pad_id, eos_id, settings.batch_size,
-                                 None, progress, "teacher greedy")
+    if cached is not None:
+        cached.check(teacher, settings, seqs, prompts)
+    rows = teacher_forced(teacher, student, seqs, settings.batch_size, cache_factory, progress,
+                          None if cached is None else cached.hidden)
+    pad_id, eos_id = _pad_and_eos(tokenizer)
+    if cached is not None:
+        t_gen = cached.greedy
+    else:
+        t_gen = greedy_continuations(teacher, prompts, settings.new_tokens, pad_id, eos_id, settings.batch_size,
+                                     None, progress, "teacher greedy")
     if student is teacher and cache_factory is None:
         s_gen = t_gen
     else:
@@ -189,3 +248,130 @@ def measure_fidelity(teacher, student, tokenizer, conversations, settings: Fidel
         "teacher_forced": rows,
         "greedy_rows": greedy,
     }
+
+
+# -- the teacher's side, computed once per model --------------------------------------------------------------------
+
+TEACHER_FORMAT = 1
+TEACHER_META = "teacher.json"
+TEACHER_TENSORS = "hidden.safetensors"
+TEACHER_KIND = "fidelity teacher"
+
+
+def _batch_key(ids: torch.Tensor, mask: torch.Tensor) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for t in (ids, mask):
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.to(torch.int64).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _prompts_key(prompts: list[list[int]]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:32]
+
+
+@dataclass
+class TeacherOutputs:
+    """The teacher's side of ``measure_fidelity`` for one model, held-out sample and settings: the final hidden state
+    of every teacher-forced batch (as the decoder returned it, in the model's dtype) and the greedy continuations.
+    ``key`` says what it was computed for (``check``)."""
+
+    hidden: list[torch.Tensor]
+    greedy: list[list[int]]
+    key: dict
+    verified: tuple = ()  # (teacher object id, settings) pairs already checked
+
+    def problems(self, teacher, settings: FidelitySettings, seqs, prompts) -> list[str]:
+        from swiftkv.distill.teacher_cache import weights_fingerprint
+
+        out = []
+        if self.key.get("format") != TEACHER_FORMAT:
+            out.append(f"format {self.key.get('format')}, this swiftkv reads {TEACHER_FORMAT}")
+        if self.key.get("settings") != asdict(settings):
+            diff = {k: (v, self.key.get("settings", {}).get(k)) for k, v in asdict(settings).items()
+                    if self.key.get("settings", {}).get(k) != v}
+            out.append("other settings (" + ", ".join(f"{k} {a} != {b}" for k, (a, b) in diff.items()) + ")")
+        batches = [_batch_key(*_pad(seqs[i : i + settings.batch_size], 0, "right"))
+                   for i in range(0, len(seqs), settings.batch_size)]
+        if batches != self.key.get("batches"):
+            out.append("other teacher-forced sequences (another held-out sample or tokenizer)")
+        if _prompts_key(prompts) != self.key.get("prompts"):
+            out.append("other generation prompts (another held-out sample or tokenizer)")
+        if weights_fingerprint(teacher) != self.key.get("teacher"):
+            out.append("other teacher weights")
+        return out
+
+    def check(self, teacher, settings: FidelitySettings, seqs, prompts) -> None:
+        """Raise a one-line ``SwiftKVError`` unless this serves ``teacher`` on ``seqs`` / ``prompts`` with
+        ``settings``."""
+        if (id(teacher), settings, _prompts_key(seqs), _prompts_key(prompts)) in self.verified:
+            return
+        bad = self.problems(teacher, settings, seqs, prompts)
+        if bad:
+            raise SwiftKVError(f"the fidelity teacher {self.key.get('path', '')} does not serve this run: "
+                               + "; ".join(bad) + "; rebuild it with: swiftkv fidelity-teacher BASE -o DIR")
+        self.verified += ((id(teacher), settings, _prompts_key(seqs), _prompts_key(prompts)),)
+
+    def check_for(self, teacher, tokenizer, conversations, settings: FidelitySettings) -> None:
+        """``check`` on the sequences and prompts ``measure_fidelity`` will take from ``conversations`` (call it
+        before other long work)."""
+        self.check(teacher, settings,
+                   teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens),
+                   generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens))
+
+    def save(self, path, overwrite: bool = False) -> None:
+        from safetensors.torch import save_file
+
+        from swiftkv.io import atomic_dir
+
+        with atomic_dir(path, overwrite, what=TEACHER_KIND) as tmp:
+            save_file({f"hidden.{k}": h.contiguous() for k, h in enumerate(self.hidden)}, str(tmp / TEACHER_TENSORS))
+            meta = {**self.key, "greedy": self.greedy, "batches_shapes": [list(h.shape) for h in self.hidden]}
+            (tmp / TEACHER_META).write_text(json.dumps(meta, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path) -> TeacherOutputs:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / TEACHER_META).is_file() or not (path / TEACHER_TENSORS).is_file():
+            raise SwiftKVError(f"{path} is not a fidelity teacher (no {TEACHER_META} and {TEACHER_TENSORS}); build "
+                               "one with: swiftkv fidelity-teacher BASE -o DIR")
+        try:
+            meta = json.loads((path / TEACHER_META).read_text())
+            tensors = load_file(str(path / TEACHER_TENSORS))
+            hidden = [tensors[f"hidden.{k}"] for k in range(len(meta["batches"]))]
+        except (ValueError, KeyError, OSError, SafetensorError) as e:
+            raise SwiftKVError(f"{path}: unreadable fidelity teacher ({e}); rebuild it with: swiftkv "
+                               "fidelity-teacher BASE -o DIR") from None
+        greedy = meta.pop("greedy")
+        meta.pop("batches_shapes", None)
+        return cls(hidden=hidden, greedy=greedy, key={**meta, "path": str(path)})
+
+
+@torch.inference_mode()
+def teacher_outputs(teacher, tokenizer, conversations, settings: FidelitySettings,
+                    progress: bool = True) -> TeacherOutputs:
+    """The teacher's side of ``measure_fidelity`` on ``conversations``, computed as it computes it."""
+    from swiftkv.distill.teacher_cache import weights_fingerprint
+
+    seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
+    prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
+    hidden, batches = [], []
+    for start in tqdm(range(0, len(seqs), settings.batch_size), desc="fidelity teacher: teacher-forced",
+                      disable=not progress):
+        ids, mask = _pad(seqs[start : start + settings.batch_size], 0, "right")
+        hidden.append(teacher.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state)
+        batches.append(_batch_key(ids, mask))
+    pad_id, eos_id = _pad_and_eos(tokenizer)
+    greedy = greedy_continuations(teacher, prompts, settings.new_tokens, pad_id, eos_id, settings.batch_size,
+                                  None, progress, "teacher greedy")
+    key = {"format": TEACHER_FORMAT, "teacher": weights_fingerprint(teacher), "settings": asdict(settings),
+           "batches": batches, "prompts": _prompts_key(prompts), "sequences": len(seqs),
+           "dtype": str(hidden[0].dtype).replace("torch.", "") if hidden else None}
+    return TeacherOutputs(hidden=hidden, greedy=greedy, key=key)
