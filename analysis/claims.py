@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from analysis.evidence import Evidence, NoEvidence, evaluators, kl_evaluators
-from analysis.rules import (FAILS, HOLDS, KINDS, Point, Rule, co_primary, decide, deciding_point, point_verdict,
-                            rule_text)
+from analysis.rules import (FAILS, HOLDS, KINDS, UNCLEAR, Point, Rule, co_primary, decide, deciding_point,
+                            point_verdict, rule_text)
 
 REGISTRY = Path(__file__).parent / "claims.yaml"
 REQUIRED = ("id", "statement", "paper", "artefact", "estimator", "rule", "over", "registered", "registered_commit",
@@ -234,6 +234,38 @@ def _kl_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) 
             "hi": decider.hi if decider else math.nan, "deciding": decider.label if decider else ""}
 
 
+def extended_judged(registry: str | Path = REGISTRY) -> list[str]:
+    """The claims the extended suite reads a second time (analysis/claims.yaml, extended_suite.judged)."""
+    import yaml
+
+    block = yaml.safe_load(Path(registry).read_text()).get("extended_suite") or {}
+    return list(block.get("judged", []))
+
+
+def _extended_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) -> dict | None:
+    """A claim's extended-suite verdict (analysis/claims.yaml, extended_suite): its own evaluator and rule on the
+    study's files (``<reports>/extended_suite/``, analysis/extended.py), beside the power run's and never replacing
+    it; None where the study has not run."""
+    from analysis.extended import FOLDER
+
+    folder = reports / FOLDER
+    if not (folder / "seeds.csv").is_file():
+        return None
+    try:
+        ev = evaluators()[claim.id](folder)
+    except NoEvidence as none:
+        ev = Evidence([], [none.path], none.why)
+    points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
+        else (ev.points, [])
+    decider = deciding_point(claim.rule, points)
+    decided = bool(ev.points) and (ev.seeded or ev.powered or claim.decided_by.startswith("default profile")) \
+        and not missing
+    return {"verdict": decide(claim.rule, points) if ev.points else UNCLEAR,
+            "status": AWAITING if not ev.points else DECIDED if decided else PROVISIONAL,
+            "estimate": decider.estimate if decider else math.nan, "lo": decider.lo if decider else math.nan,
+            "hi": decider.hi if decider else math.nan, "points": _points_text(claim.rule, points)}
+
+
 def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
              commits: dict[str, str] | None = None, registered_points: bool = True):
     """One row per registered claim: its rule, every point, the deciding point, the verdict over all points and
@@ -247,7 +279,8 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
 
     reports, commits = Path(reports), commits or {}
     scaling = _scaling(reports)
-    rows = []
+    second = set(extended_judged(registry))
+    rows, rows_extended = [], {}
     for claim in load_registry(registry):
         if claim.id not in evaluators():
             raise RegistryError(f"{registry}: claim {claim.id} has no evaluator in analysis/evidence.py")
@@ -292,6 +325,9 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             why = ev.missing if status == AWAITING else ""
         if kl is not None and status == PROVISIONAL and not kl["decided"]:
             why = "; ".join(x for x in (why, f"held-out KL (co-primary): {kl['why']}") if x)
+        extended = _extended_reading(claim, reports, registered_points) if claim.id in second else None
+        if extended is not None:  # the study's columns exist only where it has run (the committed page predates it)
+            rows_extended[claim.id] = extended
         rows.append({
             "id": claim.id,
             "statement": claim.statement,
@@ -327,7 +363,12 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             "kl_deciding_point": kl["deciding"] if kl is not None else "",
             "kl_points": kl["points"] if kl is not None else "",
         })
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if rows_extended:
+        for key in ("verdict", "status", "estimate", "lo", "hi", "points"):
+            frame[f"extended_{key}"] = [rows_extended.get(cid, {}).get(key, math.nan if key in ("estimate", "lo", "hi")
+                                                                      else "") for cid in frame.id]
+    return frame
 
 
 def counts_text(frame) -> str:

@@ -88,6 +88,26 @@ def _matrix(runs: list[dict], base: dict, tasks: list[dict]) -> list[np.ndarray]
     return out
 
 
+POOLED_FAMILIES = ("mmlu",)  # benchmarks whose tasks (MMLU's subjects) count as one benchmark when pooled
+
+
+def benchmark_of(task: dict) -> str:
+    """The benchmark a task of a task list belongs to: ``mmlu`` for MMLU's subjects (one benchmark, as in the
+    paper's tables), the task itself otherwise (``olmes/arc_easy``)."""
+    source = task.get("source") or task["name"]
+    family = source.split("/")[0]
+    return family if family in POOLED_FAMILIES else source
+
+
+def pool_benchmarks(matrices: list[np.ndarray], tasks: list[dict]) -> list[np.ndarray]:
+    """Per-task (seeds, examples) matrices joined per benchmark (``benchmark_of``), in order of first appearance:
+    the macro mean over the result is the mean over benchmarks (analysis/claims.yaml, extended_suite.estimator)."""
+    order: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        order.setdefault(benchmark_of(t), []).append(i)
+    return [np.concatenate([matrices[i] for i in idx], axis=1) for idx in order.values()]
+
+
 def _fidelity(path) -> tuple[dict, np.ndarray | None]:
     """A run's fidelity file read once: its token-weighted KL and top-1 agreement, and per sequence its KL per token
     (the co-primary measure's examples); ({}, None) without a fidelity file."""
@@ -118,9 +138,10 @@ def _put(rec: dict, name: str, ci, scale: float = 100.0) -> None:
 
 
 def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], reference: dict[str, str],
-                      settings: BootstrapSettings = BootstrapSettings()) -> pd.DataFrame:
+                      settings: BootstrapSettings = BootstrapSettings(), by_benchmark: bool = False) -> pd.DataFrame:
     """Per-seed rows, then one pooled row per variant (see the module docstring). ``reference``: variant -> the
-    variant it is compared with (``delta_ref``); ``default`` for any other."""
+    variant it is compared with (``delta_ref``); ``default`` for any other. ``by_benchmark``: the task average is the
+    mean over benchmarks (``pool_benchmarks``: MMLU's subjects one benchmark) instead of over tasks."""
     base_results = read_json(base.lm_eval)
     results = {id(r): read_json(r.lm_eval) for r in runs}
     by_variant: dict[str, list[SeedRun]] = {}
@@ -128,6 +149,9 @@ def build_seeds_table(runs: list[SeedRun], base: SeedRun, tasks: list[dict], ref
         by_variant.setdefault(r.variant, []).append(r)
     matrices = {v: _matrix([results[id(r)] for r in rs], base_results, tasks) for v, rs in by_variant.items()}
     base_matrix = _matrix([base_results], base_results, tasks)
+    if by_benchmark:
+        matrices = {v: pool_benchmarks(m, tasks) for v, m in matrices.items()}
+        base_matrix = pool_benchmarks(base_matrix, tasks)
     model = base.model
 
     read = {id(r): _fidelity(r.fidelity) for r in runs}  # each run's files read once

@@ -93,6 +93,19 @@ def select_tasks(
     }
 
 
+def extend_tasks(fixed: dict, chosen: dict, include_paths: list[str]) -> dict:
+    """The extended suite's task list (analysis/claims.yaml, extended_suite): every task of ``fixed`` (the suite's
+    own choice, as it was made) and the tasks ``chosen`` by the rule among the new candidates, with the evidence of
+    those; ``include_paths``: the report folders the tasks' YAMLs are in."""
+    names = {t["name"] for t in fixed["tasks"]}
+    clash = sorted(names & {t["name"] for t in chosen["tasks"]})
+    if clash:
+        raise ValueError(f"the new candidates repeat tasks of the fixed suite: {', '.join(clash)}")
+    kept = [dict(t, selected_by=f"fixed: the suite's choice ({t.get('selected_by', 'as chosen')})")
+            for t in fixed["tasks"]]
+    return {**chosen, "tasks": kept + chosen["tasks"], "fixed": len(kept), "include_path": include_paths}
+
+
 def suite_table(raw: str | Path) -> pd.DataFrame:
     """The suite's selection (a raw folder of rule raw_suite: ``eval/<model>/tasks.json`` and the tasks' manifest),
     one row per (model, candidate task, metric): the selection-half evidence, whether the metric is the task's better

@@ -155,7 +155,7 @@ def test_generated_tasks_are_right_and_the_same_on_every_call(tmp_path):
 
     from swiftkv.data.generated_tasks import generate_task, task_names, write_generated_tasks
 
-    ops = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b}
+    ops = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
     for name in task_names():
         task = generate_task(name)
         assert task == generate_task(name)  # seeded by the name: nothing left to chance
@@ -165,14 +165,17 @@ def test_generated_tasks_are_right_and_the_same_on_every_call(tmp_path):
             assert len(doc["gold"]) == 1 and all(c.isdigit() for c in doc["choices"])
             answer = int(doc["choices"][doc["gold"][0]])
             numbers = [int(x) for x in re.findall(r"\d+", ex["input"])]
-            if "plus" in ex["input"] or "minus" in ex["input"]:
-                truth = ops["plus" if "plus" in ex["input"] else "minus"](*numbers)
+            op = next((o for o in ops if f" {o} " in ex["input"]), None)
+            if op:
+                truth = ops[op](*numbers)
             elif "after" in ex["input"]:
                 truth = numbers[0] + 1
+            elif "before" in ex["input"]:
+                truth = numbers[0] - 1
             else:
                 truth = max(numbers)
             assert answer == truth, ex
-        assert {len(d["choices"]) for d in docs} == {{"generated/larger": 2, "generated/successor": 4}.get(name, 5)}
+        assert {len(d["choices"]) for d in docs} == {{"generated/larger": 2, "generated/successor": 4, "generated/predecessor": 4}.get(name, 5)}
         assert split_docs(docs, "selection") and split_docs(docs, "report")
     paths = write_generated_tasks(task_names(), tmp_path / "tasks")
     assert [p.relative_to(tmp_path / "tasks").as_posix() for p in paths] == [f"{n}/task.json" for n in task_names()]

@@ -10,7 +10,11 @@ Tasks (names as the config writes them):
 - ``generated/addition``: ``What is 3 plus 4?``, a, b in 0..9, five choices (the sum and four near misses);
 - ``generated/subtraction``: ``What is 12 minus 4?``, 0 <= b <= a <= 18, five choices;
 - ``generated/successor``: ``What number comes after 41?``, n in 0..99, four choices;
-- ``generated/larger``: ``Which number is larger, 17 or 71?``, two two-digit numbers, two choices.
+- ``generated/larger``: ``Which number is larger, 17 or 71?``, two two-digit numbers, two choices;
+- ``generated/predecessor``: ``What number comes before 42?``, n in 1..100, four choices;
+- ``generated/multiplication``: ``What is 3 times 4?``, a, b in 0..9, five choices.
+
+The CI profile's suite draws on the first four and its extended suite (workflow/rules/extended.smk) on the last two.
 """
 
 from __future__ import annotations
@@ -65,11 +69,25 @@ def _larger(rng: random.Random) -> list[dict]:
     return examples
 
 
+def _predecessor(rng: random.Random) -> list[dict]:
+    return [{"input": f"What number comes before {n}?",
+             "target_scores": _choices(n - 1, [n - 2, n, n + 1, n - 10, n + 9], 4, rng)}
+            for n in range(1, 101)]
+
+
+def _multiplication(rng: random.Random) -> list[dict]:
+    return [{"input": f"What is {a} times {b}?",
+             "target_scores": _choices(a * b, [a * b + d for d in (-2, -1, 1, 2, 3, 5, 10)], 5, rng)}
+            for a in range(10) for b in range(10)]
+
+
 GENERATORS: dict[str, tuple[Callable[[random.Random], list[dict]], str]] = {
     "addition": (_addition, "add two one-digit numbers"),
     "subtraction": (_subtraction, "subtract a number from one no larger than 18"),
     "successor": (_successor, "the number after a number below 100"),
     "larger": (_larger, "the larger of two two-digit numbers"),
+    "predecessor": (_predecessor, "the number before a number from 1 to 100"),
+    "multiplication": (_multiplication, "multiply two one-digit numbers"),
 }
 
 

@@ -56,7 +56,8 @@ CLAIM_TABLES = ["table1", "table_kv_memory", "simscore_crossings", "table2", "ta
                 *(["seeds"] if SEEDS else []), *(["budget_scaling"] if SCALING else []), "table3", "tableA3",
                 *(["table_advisor_calibration"] if ADVISE else []),
                 *(["table_long_context"] if LONG_CONTEXT else []),
-                *(["table_serving_fidelity"] if SERVED_FIDELITY else [])]
+                *(["table_serving_fidelity"] if SERVED_FIDELITY else []),
+                *(["extended_suite"] if EXT else [])]
 rule make_claims:
     input:
         registry="analysis/claims.yaml",

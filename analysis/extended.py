@@ -1,0 +1,98 @@
+"""The extended-suite study (analysis/claims.yaml, extended_suite) from its raw folder (rule raw_extended): the
+students of the tables and of the seeds study re-scored on the suite's tasks plus the new tasks the suite rule kept,
+with the task average taken over benchmarks (MMLU's subjects one benchmark: ``analysis.seeds.pool_benchmarks``).
+
+It writes, under ``<root>/extended_suite/``, the two files the claims' own evaluators read (analysis/evidence.py), in
+the layout of the tables they read elsewhere, so that every accuracy claim gets its second reading by exactly its
+registered rule:
+
+- ``seeds.csv``: per row and seed, then pooled over seeds (``analysis.seeds.build_seeds_table`` by benchmark);
+- ``tableB1.csv``: each FP8 row against the same row with the native cache (one training run, the profile's seed);
+
+and ``<root>/extended_suite.csv``: the suite (tasks, benchmarks, report examples) and, per pooled row, the average,
+the difference from the base model and its minimum detectable difference.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.accuracy import minimum_detectable_difference
+from analysis.io import read_json, task_scores
+from analysis.seeds import SeedRun, benchmark_of, build_seeds_table, pool_benchmarks
+from analysis.stats import BootstrapSettings, paired_difference_ci
+
+FOLDER = "extended_suite"  # under a reports root: the files the evaluators read
+
+
+def extended_path(model: str, *parts: str) -> str:
+    """Where the study's results live under ``results/`` (workflow/rules/extended.smk writes them there)."""
+    return "/".join(("results", "extended", model, *parts))
+
+
+def _fp8_rows(results: dict, tasks: list[dict], model: str, settings: BootstrapSettings) -> list[dict]:
+    rows = []
+    for variant, pair in results.items():
+        if "fp8" not in pair or "native" not in pair:
+            continue
+        a, b = [], []
+        for t in tasks:
+            native = task_scores(pair["native"], t["name"], t["metric"])
+            fp8 = task_scores(pair["fp8"], t["name"], t["metric"])
+            a.append(fp8.aligned(native.keys))
+            b.append(native.aligned(native.keys))
+        pooled_a = pool_benchmarks([x[None, :] for x in a], tasks)
+        pooled_b = pool_benchmarks([x[None, :] for x in b], tasks)
+        ci = paired_difference_ci([x[0] for x in pooled_a], [y[0] for y in pooled_b], settings).scaled(100)
+        rows.append({"model": model, "variant": variant, "kv_cache": "fp8", "delta_ref": ci.value,
+                     "delta_ref_lo": ci.low, "delta_ref_hi": ci.high, "delta_ref_row": f"{variant} (native KV)"})
+    return rows
+
+
+def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, str],
+                    settings: BootstrapSettings = BootstrapSettings()) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                                                   pd.DataFrame]:
+    """(seeds.csv, tableB1.csv, the study's summary) from the raw folder. ``models``: per model its runs as the
+    rule's params give them ({variant, seed, kv_cache, trained, lm_eval}: ``results/`` paths)."""
+    from analysis.raw import raw_path
+
+    seeds, fp8, summary = [], [], []
+    for spec in models:
+        model = spec["model"]
+        chosen = read_json(raw_path(raw, extended_path(model, "tasks.json")))
+        tasks = chosen["tasks"]
+        base, runs, pairs = None, [], {}
+        for r in spec["runs"]:
+            path = raw_path(raw, r["lm_eval"])
+            if r["variant"] == "base" and r["kv_cache"] == "native":
+                base = SeedRun(model, "base", None, path)
+            elif r["kv_cache"] == "native":
+                runs.append(SeedRun(model, r["variant"], r["seed"] if r["trained"] else None, path))
+            if r["kv_cache"] == "fp8" or (r["variant"] in spec["fp8_variants"] and r["seed"] == spec["own_seed"]):
+                pairs.setdefault(r["variant"], {})[r["kv_cache"]] = read_json(path)
+        if base is None:
+            raise ValueError(f"the extended suite of {model} has no base-model evaluation")
+        table = build_seeds_table(runs, base, tasks, reference, settings, by_benchmark=True)
+        seeds.append(table)
+        fp8 += _fp8_rows(pairs, tasks, model, settings)
+        benchmarks = sorted({benchmark_of(t) for t in tasks})
+        rec = {"model": model, "row": "suite", "tasks": len(tasks), "fixed_tasks": chosen.get("fixed", 0),
+               "benchmarks": len(benchmarks), "report_examples": int(sum(t["n"] for t in tasks)),
+               "benchmark_list": " ".join(benchmarks)}
+        summary.append(rec)
+        for _, r in table[table.seed.astype(str) == "all"].iterrows():
+            summary.append({"model": model, "row": r["variant"], "seeds": r["seeds"], "average": r["average"],
+                            "average_lo": r["average_lo"], "average_hi": r["average_hi"],
+                            "delta_base": r["delta_base"], "delta_base_lo": r["delta_base_lo"],
+                            "delta_base_hi": r["delta_base_hi"],
+                            "mdd_base": minimum_detectable_difference(r["delta_base_lo"], r["delta_base_hi"])
+                            if not math.isnan(r["delta_base_lo"]) else math.nan})
+    fp8_frame = pd.DataFrame(fp8, columns=["model", "variant", "kv_cache", "delta_ref", "delta_ref_lo",
+                                          "delta_ref_hi", "delta_ref_row"])
+    columns = ["model", "row", "tasks", "fixed_tasks", "benchmarks", "report_examples", "benchmark_list", "seeds",
+               "average", "average_lo", "average_hi", "delta_base", "delta_base_lo", "delta_base_hi", "mdd_base"]
+    return pd.concat(seeds, ignore_index=True), fp8_frame, pd.DataFrame(summary).reindex(columns=columns)
+

@@ -1,0 +1,132 @@
+"""The extended-suite study (issue 34, item 2; analysis/claims.yaml extended_suite): the task average over benchmarks
+(MMLU's subjects one benchmark), the task list that keeps the suite's choice, the study's tables from a raw folder,
+the claims' second reading beside the first, and its rules in the DAG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.seeds import SeedRun, benchmark_of, build_seeds_table, pool_benchmarks
+from analysis.selection import extend_tasks
+from analysis.stats import BootstrapSettings
+from tests.test_analysis_eval import fake_result
+from tests.test_workflow_eval import dry_run, job_counts
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = BootstrapSettings(resamples=500, seed=1)
+MODEL = "smollm2-135m"  # the registry's points name the default profile's model
+
+
+def test_mmlu_subjects_are_one_benchmark_and_the_average_is_over_benchmarks(tmp_path):
+    tasks = [{"name": "bb_mmlu_a_report", "source": "mmlu/a", "metric": "acc,none"},
+             {"name": "bb_mmlu_b_report", "source": "mmlu/b", "metric": "acc,none"},
+             {"name": "bb_olmes_x_report", "source": "olmes/x", "metric": "acc,none"}]
+    assert [benchmark_of(t) for t in tasks] == ["mmlu", "mmlu", "olmes/x"]
+    pooled = pool_benchmarks([np.zeros((2, 10)), np.ones((2, 30)), np.ones((2, 5))], tasks)
+    assert [m.shape for m in pooled] == [(2, 40), (2, 5)]
+    # a small subject at 0 and a large one at 1: over tasks (0 + 1 + 1) / 3, over benchmarks (30/40 + 1) / 2
+    correct = {"bb_mmlu_a_report": [0] * 10, "bb_mmlu_b_report": [1] * 30, "bb_olmes_x_report": [1] * 5}
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(fake_result(correct)))
+    base = SeedRun(MODEL, "base", None, path)
+    by_task = build_seeds_table([], base, tasks, {"default": "swiftkv-50"}, FAST)
+    by_benchmark = build_seeds_table([base], base, tasks, {"default": "swiftkv-50"}, FAST, by_benchmark=True)
+    assert by_benchmark[by_benchmark.seed == "all"].average.iloc[0] == pytest.approx(100 * (0.75 + 1) / 2)
+    assert by_task.empty  # no runs, no rows: the base model's own average is not a row of the seeds table
+
+
+def test_the_extended_task_list_keeps_the_suite_as_it_was_chosen():
+    fixed = {"tasks": [{"name": "bb_mmlu_a_report", "metric": "acc_norm,none", "source": "mmlu/a", "n": 9,
+                        "selected_by": "interval above chance"}]}
+    chosen = {"rule": "r", "candidates": [{"source": "olmes/x"}],
+              "tasks": [{"name": "bb_olmes_x_report", "metric": "acc,none", "source": "olmes/x", "n": 5,
+                         "selected_by": "interval above chance"}]}
+    out = extend_tasks(fixed, chosen, ["suite/report", "extended/report"])
+    assert [t["name"] for t in out["tasks"]] == ["bb_mmlu_a_report", "bb_olmes_x_report"]
+    assert out["tasks"][0]["metric"] == "acc_norm,none" and out["tasks"][0]["selected_by"].startswith("fixed")
+    assert out["fixed"] == 1 and out["candidates"] == chosen["candidates"]
+    with pytest.raises(ValueError, match="repeat tasks of the fixed suite: bb_mmlu_a_report"):
+        extend_tasks(fixed, {**chosen, "tasks": fixed["tasks"]}, [])
+
+
+def _raw_study(raw: Path, rng) -> list[dict]:
+    """A raw folder of the study for MODEL: base, two trained rows at 5 seeds, an untrained row, FP8 of two rows."""
+    n = {"mmlu/a": 120, "mmlu/b": 300, "olmes/x": 400}
+    tasks = [{"name": f"bb_{s.replace('/', '_')}_report", "source": s, "metric": "acc,none", "n": k}
+             for s, k in n.items()]
+    base = {t["name"]: (rng.random(t["n"]) < 0.6).astype(int) for t in tasks}
+    (raw / "extended" / MODEL).mkdir(parents=True)
+    (raw / "extended" / MODEL / "tasks.json").write_text(json.dumps({"tasks": tasks, "fixed": 2}))
+    runs = []
+
+    def put(variant, seed, kv, flips, trained=True):
+        res = {t: np.where(rng.random(len(v)) < flips, 0, v).tolist() for t, v in base.items()}  # answers lost
+        rel = f"extended/{MODEL}/{variant}/seed-{seed}/{kv}/lm_eval.json"
+        (raw / rel).parent.mkdir(parents=True)
+        (raw / rel).write_text(json.dumps(fake_result(res)))
+        runs.append({"variant": variant, "seed": seed, "kv_cache": kv, "trained": trained, "lm_eval": f"results/{rel}"})
+
+    put("base", 0, "native", 0.0, trained=False)
+    for seed in range(5):
+        put("swiftkv-50", seed, "native", 0.01)
+        put("swiftkv-62", seed, "native", 0.25)
+    put("swiftkv-50-nodistill", 0, "native", 0.45, trained=False)
+    put("base", 0, "fp8", 0.005, trained=False)
+    put("swiftkv-50", 0, "fp8", 0.01)
+    return [{"model": MODEL, "own_seed": 0, "fp8_variants": ["base", "swiftkv-50"], "runs": runs}]
+
+
+def test_the_study_gives_each_judged_claim_a_second_verdict_beside_the_first(tmp_path):
+    from analysis.claims import evaluate, extended_judged
+    from analysis.extended import FOLDER, extended_tables
+
+    raw = tmp_path / "reports" / "raw" / "extended_suite"
+    models = _raw_study(raw, np.random.default_rng(4))
+    seeds, fp8, summary = extended_tables(raw, models, {"default": "swiftkv-50"}, FAST)
+    pooled = seeds[seeds.seed == "all"].set_index("variant")
+    assert pooled.loc["swiftkv-50", "n_seeds"] == 5 and pooled.loc["swiftkv-50-nodistill", "seeds"] == "untrained"
+    assert list(fp8.variant) == ["base", "swiftkv-50"] and (fp8.delta_ref_row == fp8.variant + " (native KV)").all()
+    suite = summary[summary.row == "suite"].iloc[0]
+    assert (suite.tasks, suite.fixed_tasks, suite.benchmarks, suite.report_examples) == (3, 2, 2, 820)
+    rows = summary[summary.row != "suite"].set_index("row")
+    assert rows.loc["swiftkv-62", "mdd_base"] > 0 and rows.loc["swiftkv-62", "delta_base"] < -10
+
+    reports = tmp_path / "reports"
+    before = evaluate(reports)
+    assert "extended_verdict" not in before  # no study, no columns: the committed page is unchanged
+    (reports / FOLDER).mkdir()
+    seeds.to_csv(reports / FOLDER / "seeds.csv", index=False)
+    fp8.to_csv(reports / FOLDER / "tableB1.csv", index=False)
+    after = evaluate(reports).set_index("id")
+    assert (after.verdict == before.set_index("id").verdict).all()  # the first reading never changes
+    judged = extended_judged()
+    assert set(after.index[after.extended_verdict != ""]) == set(judged)
+    assert after.loc["quality-loss-50", "extended_verdict"] == "holds"  # ~1% of answers lost, 5 seeds
+    assert after.loc["quality-loss-50", "extended_status"] == "decided"
+    assert after.loc["quality-cliff-beyond-50", "extended_verdict"] == "holds"  # 62.5% loses a quarter
+    assert after.loc["distillation-needed", "extended_verdict"] == "holds"
+    assert after.loc["quality-loss-25", "extended_status"] == "awaiting"  # no swiftkv-25 in this study
+    assert after.loc["fp8-costs-little", "extended_status"] == "provisional"  # a registered FP8 row is missing
+    assert "not measured" in after.loc["fp8-costs-little", "extended_points"]
+
+
+def test_the_extended_rules_in_the_dag():
+    out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml", "config/power.yaml",
+                  "config/extended-suite.yaml", flags=("-p",))
+    assert out.returncode == 0, out.stderr
+    counts = job_counts(out.stdout)
+    assert counts["eval_extended"] == 46  # 8 trained rows x 5 seeds, 2 untrained rows, 4 FP8 rows
+    assert counts["eval_extended_selection"] == counts["select_extended_tasks"] == counts["make_extended"] == 1
+    cmds = [line for line in out.stdout.splitlines() if "swiftkv eval results/seeds/" in line and "seed-3" in line]
+    assert cmds and "--include-path results/tasks/bigbench/report --include-path results/tasks/bigbench-extended/report" \
+        in cmds[0]
+    build = next(line for line in out.stdout.splitlines() if "swiftkv bigbench build" in line
+                 and "bigbench-extended" in line)
+    assert "--selection-examples 1000 --report-examples 1000" in build and "mmlu/" not in build
+    default = dry_run(["results/reports/claims.csv"])
+    assert default.returncode == 0 and "eval_extended" not in job_counts(default.stdout)  # null: no study

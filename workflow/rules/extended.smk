@@ -1,0 +1,188 @@
+# Rules of the extended-suite study (see the Snakefile index; issue 34, item 2; analysis/claims.yaml extended_suite):
+# the suite's own choice kept as it is, plus new candidate tasks chosen by the same rule on their selection halves,
+# and the students of the tables and of the seeds study re-scored on the whole of it. A profile without the block
+# (extended_suite: null) has none of these rules.
+from analysis.extended import FOLDER as EXT_FOLDER, extended_path
+
+EXT = config.get("extended_suite")
+EXT_BUILD = "results/tasks/bigbench-extended"
+
+
+def extended_runs(model):
+    """(variant, seed, kv cache) of every evaluation of the study for ``model``: each row once per seed when trained
+    (once, at the profile's seed, when not), and the FP8 rows at the profile's seed."""
+    missing = [v for v in EXT["variants"] + EXT["fp8_variants"] if (model, v) not in VARIANTS.index]
+    if missing:
+        stop(f"config extended_suite: {', '.join(missing)} of {model} are not rows of the variants sheet "
+             f"({config['distill']['variants']})")
+    own = config["distill"]["seed"]
+    runs = []
+    for variant in EXT["variants"]:
+        trained = VARIANTS.loc[(model, variant)].train == "yes"
+        runs += [(variant, seed, "native") for seed in (EXT["seeds"] if trained else [own])]
+    runs += [(variant, own, "fp8") for variant in EXT["fp8_variants"]]
+    return runs
+
+
+def extended_eval_path(model, variant, seed, kvcache):
+    return extended_path(model, variant, f"seed-{seed}", kvcache, "lm_eval.json")
+
+
+if EXT:
+    EXT_TASKS = bigbench_tasks_dir(EXT["candidates"])
+    if EXT_TASKS == BIGBENCH_TASKS:
+        stop("config extended_suite.candidates: the same list as eval.bigbench.candidates; the study adds tasks "
+             "that the suite does not have")
+
+    rule extract_extended_tasks:
+        output:
+            directory(EXT_TASKS),
+        log:
+            "logs/extract_extended_tasks/tasks.log",
+        params:
+            tasks=EXT["candidates"],
+            command="extract-installed" if EXT["source"] == "installed" else "generate",
+        shell:
+            "swiftkv bigbench {params.command} --tasks {params.tasks} --output {output} > {log} 2>&1"
+
+    rule build_extended_tasks:
+        input:
+            EXT_TASKS,
+        output:
+            directory(EXT_BUILD),
+        log:
+            "logs/build_extended_tasks/tasks.log",
+        params:
+            tasks=EXT["candidates"],
+            limits=" ".join(f"--{half}-examples {EXT[f'{half}_examples']}" for half in ("selection", "report")
+                            if EXT[f"{half}_examples"] is not None),
+        shell:
+            "swiftkv bigbench build --tasks-dir {input} --tasks {params.tasks} {params.limits}"
+            " --output {output} > {log} 2>&1"
+
+    # The base model on the new candidates' selection halves: only used to choose among them.
+    rule eval_extended_selection:
+        input:
+            model=model_input,
+            bigbench=EXT_BUILD,
+        output:
+            extended_path("{model}", "selection", "lm_eval.json"),
+        log:
+            "logs/eval_extended_selection/{model}.log",
+        benchmark:
+            "benchmarks/eval_extended_selection/{model}.tsv"
+        params:
+            outdir=output_dir,
+            source=model_source,
+            batch=EVAL["batch_size"],
+            dtype=DTYPE,
+        resources:
+            **job_resources("eval"),
+        threads: ALL_CORES
+        shell:
+            "swiftkv eval {params.source} --bigbench-manifest {input.bigbench}/manifest.json"
+            " --bigbench-split selection --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
+            " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
+
+    rule select_extended_tasks:
+        input:
+            result=extended_path("{model}", "selection", "lm_eval.json"),
+            bigbench=EXT_BUILD,
+            suite="results/tasks/bigbench",
+            fixed=eval_path("{model}", "tasks.json"),
+        output:
+            extended_path("{model}", "tasks.json"),
+        log:
+            "logs/select_extended_tasks/{model}.log",
+        params:
+            cfg=EXT,
+            bootstrap=EVAL["bootstrap"],
+        script:
+            "../scripts/select_extended_tasks.py"
+
+    def extended_eval_inputs(wildcards):
+        inputs = {"model": model_input(wildcards), "tasks": extended_path(wildcards.model, "tasks.json"),
+                  "suite": "results/tasks/bigbench", "extended": EXT_BUILD}
+        if wildcards.variant != "base":
+            inputs["checkpoint"] = seed_checkpoint(wildcards.model, wildcards.variant, int(wildcards.seed))
+        return inputs
+
+    def extended_target(wildcards):
+        if wildcards.variant == "base":
+            return model_source(wildcards)
+        return seed_checkpoint(wildcards.model, wildcards.variant, int(wildcards.seed))
+
+    # A row-seed on the whole extended report suite (the suite's tasks included), as the tables' rows are scored.
+    rule eval_extended:
+        input:
+            unpack(extended_eval_inputs),
+        output:
+            lm_eval=extended_path("{model}", "{variant}", "seed-{seed}", "{kvcache}", "lm_eval.json"),
+        log:
+            "logs/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.log",
+        benchmark:
+            "benchmarks/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
+        params:
+            outdir=output_dir,
+            target=extended_target,
+            base=model_source,
+            batch=EVAL["batch_size"],
+            dtype=DTYPE,
+        resources:
+            **job_resources("eval"),
+        threads: ALL_CORES
+        shell:
+            "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks}"
+            " --include-path {input.suite}/report --include-path {input.extended}/report"
+            " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
+            " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
+
+    def extended_inputs(wildcards):
+        inputs = {"lm_eval": [], "selection": [], "tasks": []}
+        for model in EXT["models"]:
+            inputs["lm_eval"] += [extended_eval_path(model, *run) for run in extended_runs(model)]
+            inputs["selection"].append(extended_path(model, "selection", "lm_eval.json"))
+            inputs["tasks"].append(extended_path(model, "tasks.json"))
+        return inputs
+
+    # The study's raw folder (analysis/raw.py): every evaluation, the selection run, the task lists and the new
+    # candidates' manifest; the table and the claims' extended-suite verdicts are read from it.
+    rule raw_extended:
+        input:
+            unpack(extended_inputs),
+            bigbench=EXT_BUILD,
+        output:
+            raw_folder("extended_suite"),
+        log:
+            "logs/raw_extended.log",
+        params:
+            **raw_params(),
+            files=[f"{EXT_BUILD}/manifest.json"],
+        script:
+            "../scripts/collect_raw.py"
+
+    def extended_params():
+        own = config["distill"]["seed"]
+        return [{"model": model, "own_seed": own, "fp8_variants": EXT["fp8_variants"],
+                 "runs": [{"variant": v, "seed": seed, "kv_cache": kv, "lm_eval": extended_eval_path(model, v, seed, kv),
+                           "trained": bool(VARIANTS.loc[(model, v)].train == "yes")}
+                          for v, seed, kv in extended_runs(model)]}
+                for model in EXT["models"]]
+
+    # The study's tables (analysis/extended.py): what the claims' evaluators read for the extended-suite verdicts
+    # (seeds.csv and tableB1.csv in their usual layout) and the summary with each row's minimum detectable difference.
+    rule make_extended:
+        input:
+            raw="{root}/raw/extended_suite",
+        output:
+            seeds=f"{{root}}/{EXT_FOLDER}/seeds.csv",
+            fp8=f"{{root}}/{EXT_FOLDER}/tableB1.csv",
+            summary=report("{root}/extended_suite.csv", caption="../report/extended_suite.rst", category="Accuracy"),
+        log:
+            "logs/make_extended/{root}.log",
+        params:
+            models=extended_params(),
+            reference=config["seeds"]["reference"] if config.get("seeds") else {"default": "swiftkv-50"},
+            bootstrap=EVAL["bootstrap"],
+        script:
+            "../scripts/make_extended.py"
