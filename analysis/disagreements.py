@@ -121,13 +121,14 @@ def _ours(r) -> str:
 
 
 def rows(frame: pd.DataFrame, registry: list[RegisteredClaim], reports: str | Path) -> list[dict]:
-    """One row per claim that does not hold or cannot be told (``frame``: reports/claims.csv), failing claims first:
+    """One row per claim that does not hold or cannot be told, or whose extended-suite verdict differs from its first
+    (``frame``: reports/claims.csv), failing claims first:
     the claim with the paper's numbers, ours at the deciding point, the verdict and status, and the reasons."""
     s = setting(reports)
     context = {c.id: c.extra.get("context", []) for c in registry}
     out = []
     for r in frame.itertuples():
-        if r.verdict == HOLDS:
+        if r.verdict == HOLDS and not suites_disagree(r):
             continue
         why = [FACTORS[k](s) for k in context.get(r.id, []) if k in FACTORS]
         if r.id == "simscore-predicts-loss" and not pd.isna(r.estimate):
@@ -141,16 +142,38 @@ def rows(frame: pd.DataFrame, registry: list[RegisteredClaim], reports: str | Pa
     return sorted(out, key=lambda d: order.get(d["verdict"], 2))
 
 
+def _accuracy_verdict(r) -> str:
+    kl = getattr(r, "verdict_kl", "")
+    return r.verdict_accuracy if isinstance(kl, str) and kl else r.verdict
+
+
+def suites_disagree(r) -> bool:
+    """A row of reports/claims.csv whose extended-suite verdict (analysis/claims.yaml, extended_suite) differs from
+    its accuracy verdict on the power run's suite."""
+    ext = getattr(r, "extended_verdict", "")
+    return isinstance(ext, str) and bool(ext) and getattr(r, "extended_status", "") != "awaiting" \
+        and ext != _accuracy_verdict(r)
+
+
 def measures_text(r) -> str:
     """For a claim judged on co-primary measures (a row of reports/claims.csv with ``verdict_kl``): each measure's
-    verdict, the held-out KL's with its deciding point; "" for any other claim."""
+    verdict, the held-out KL's with its deciding point; and where the extended suite has read the claim again, that
+    verdict with its deciding point, beside (never replacing) the first; "" for any other claim."""
+    parts = []
     kl = getattr(r, "verdict_kl", "")
-    if not isinstance(kl, str) or not kl:
-        return ""
-    where = ""
-    if not pd.isna(r.kl_estimate):
-        where = f" at {r.kl_estimate:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}] nats/token"
-    return f"accuracy {r.verdict_accuracy}, held-out KL {kl}{where}"
+    if isinstance(kl, str) and kl:
+        where = ""
+        if not pd.isna(r.kl_estimate):
+            where = f" at {r.kl_estimate:.3g} [{r.kl_lo:.3g}, {r.kl_hi:.3g}] nats/token"
+        parts.append(f"accuracy {r.verdict_accuracy}, held-out KL {kl}{where}")
+    ext = getattr(r, "extended_verdict", "")
+    if isinstance(ext, str) and ext:
+        at = "" if pd.isna(r.extended_estimate) else \
+            f" at {r.extended_estimate:.3g} [{r.extended_lo:.3g}, {r.extended_hi:.3g}]"
+        differ = (f"; the suites disagree: {_accuracy_verdict(r)} on the power run's suite, {ext} on the extended one"
+                  if suites_disagree(r) else "")
+        parts.append(f"extended suite (MMLU + OLMES, over benchmarks): {ext} ({r.extended_status}){at}{differ}")
+    return "; ".join(parts)
 
 
 def markdown(items: list[dict]) -> str:

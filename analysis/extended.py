@@ -23,7 +23,7 @@ import pandas as pd
 from analysis.accuracy import minimum_detectable_difference
 from analysis.io import read_json, task_scores
 from analysis.seeds import SeedRun, benchmark_of, build_seeds_table, pool_benchmarks
-from analysis.stats import BootstrapSettings, paired_difference_ci
+from analysis.stats import BootstrapSettings, paired_difference_ci, seed_difference_ci
 
 FOLDER = "extended_suite"  # under a reports root: the files the evaluators read
 
@@ -83,6 +83,10 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
                "benchmarks": len(benchmarks), "report_examples": int(sum(t["n"] for t in tasks)),
                "benchmark_list": " ".join(benchmarks)}
         summary.append(rec)
+        base_matrix = pool_benchmarks(_base_matrix(base.lm_eval, tasks), tasks)
+        ci = seed_difference_ci(base_matrix, None, settings.confidence).scaled(100)
+        summary.append({"model": model, "row": "base", "seeds": "untrained", "average": ci.value,
+                        "average_lo": ci.low, "average_hi": ci.high})
         for _, r in table[table.seed.astype(str) == "all"].iterrows():
             summary.append({"model": model, "row": r["variant"], "seeds": r["seeds"], "average": r["average"],
                             "average_lo": r["average_lo"], "average_hi": r["average_hi"],
@@ -94,5 +98,13 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
                                           "delta_ref_hi", "delta_ref_row"])
     columns = ["model", "row", "tasks", "fixed_tasks", "benchmarks", "report_examples", "benchmark_list", "seeds",
                "average", "average_lo", "average_hi", "delta_base", "delta_base_lo", "delta_base_hi", "mdd_base"]
-    return pd.concat(seeds, ignore_index=True), fp8_frame, pd.DataFrame(summary).reindex(columns=columns)
+    frame = pd.DataFrame(summary).reindex(columns=columns)
+    for key in ("tasks", "fixed_tasks", "benchmarks", "report_examples"):
+        frame[key] = frame[key].astype("Int64")
+    return pd.concat(seeds, ignore_index=True), fp8_frame, frame
+
+
+def _base_matrix(path, tasks: list[dict]) -> list:
+    result = read_json(path)
+    return [task_scores(result, t["name"], t["metric"]).values[None, :] for t in tasks]
 

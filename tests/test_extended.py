@@ -114,6 +114,14 @@ def test_the_study_gives_each_judged_claim_a_second_verdict_beside_the_first(tmp
     assert after.loc["fp8-costs-little", "extended_status"] == "provisional"  # a registered FP8 row is missing
     assert "not measured" in after.loc["fp8-costs-little", "extended_points"]
 
+    from analysis.disagreements import measures_text, suites_disagree
+    row = next(r for r in after.reset_index().itertuples() if r.id == "quality-loss-50")
+    assert suites_disagree(row)  # no first reading here (cannot tell), the extended one holds: both on the page
+    assert "extended suite (MMLU + OLMES, over benchmarks): holds (decided) at" in measures_text(row)
+    assert "the suites disagree: cannot tell on the power run's suite, holds on the extended one" in measures_text(row)
+    awaiting = next(r for r in after.reset_index().itertuples() if r.id == "quality-loss-25")
+    assert not suites_disagree(awaiting)
+
 
 def test_the_extended_rules_in_the_dag():
     out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml", "config/power.yaml",
