@@ -136,5 +136,9 @@ def test_the_extended_rules_in_the_dag():
     build = next(line for line in out.stdout.splitlines() if "swiftkv bigbench build" in line
                  and "bigbench-extended" in line)
     assert "--selection-examples 1000 --report-examples 1000" in build and "mmlu/" not in build
+    choice = dry_run(["results/reports/raw/extended_selection"], "config/config.yaml", "config/power.yaml",
+                     "config/extended-suite.yaml")
+    assert choice.returncode == 0, choice.stderr
+    assert "eval_extended" not in job_counts(choice.stdout)  # the choice is collected before any student is scored
     default = dry_run(["results/reports/claims.csv"])
     assert default.returncode == 0 and "eval_extended" not in job_counts(default.stdout)  # null: no study

@@ -100,6 +100,24 @@ if EXT:
         script:
             "../scripts/select_extended_tasks.py"
 
+    # The choice as its own raw folder, published (python -m analysis.publish extended_selection) before any student
+    # is scored on a new task (the registration's order): each model's selection run and task list, and the
+    # candidates' manifest.
+    rule raw_extended_selection:
+        input:
+            selection=[extended_path(m, "selection", "lm_eval.json") for m in EXT["models"]],
+            tasks=[extended_path(m, "tasks.json") for m in EXT["models"]],
+            bigbench=EXT_BUILD,
+        output:
+            raw_folder("extended_selection"),
+        log:
+            "logs/raw_extended_selection.log",
+        params:
+            **raw_params(),
+            files=[f"{EXT_BUILD}/manifest.json"],
+        script:
+            "../scripts/collect_raw.py"
+
     def extended_eval_inputs(wildcards):
         inputs = {"model": model_input(wildcards), "tasks": extended_path(wildcards.model, "tasks.json"),
                   "suite": "results/tasks/bigbench", "extended": EXT_BUILD}
