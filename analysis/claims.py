@@ -242,6 +242,18 @@ def extended_judged(registry: str | Path = REGISTRY) -> list[str]:
     return list(block.get("judged", []))
 
 
+def _judged(claim: RegisteredClaim, reports: Path, registered_points: bool):
+    """A claim's accuracy evidence under a reports root: (evidence, every point with the registered ones not measured
+    added, those missing, the deciding point)."""
+    try:
+        ev = evaluators()[claim.id](reports)
+    except NoEvidence as none:
+        ev = Evidence([], [none.path], none.why)
+    points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
+        else (ev.points, [])
+    return ev, points, missing, deciding_point(claim.rule, points)
+
+
 def _extended_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) -> dict | None:
     """A claim's extended-suite verdict (analysis/claims.yaml, extended_suite): its own evaluator and rule on the
     study's files (``<reports>/extended_suite/``, analysis/extended.py), beside the power run's and never replacing
@@ -251,13 +263,7 @@ def _extended_reading(claim: RegisteredClaim, reports: Path, registered_points: 
     folder = reports / FOLDER
     if not (folder / "seeds.csv").is_file():
         return None
-    try:
-        ev = evaluators()[claim.id](folder)
-    except NoEvidence as none:
-        ev = Evidence([], [none.path], none.why)
-    points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
-        else (ev.points, [])
-    decider = deciding_point(claim.rule, points)
+    ev, points, missing, decider = _judged(claim, folder, registered_points)
     decided = bool(ev.points) and (ev.seeded or ev.powered or claim.decided_by.startswith("default profile")) \
         and not missing
     return {"verdict": decide(claim.rule, points) if ev.points else UNCLEAR,
@@ -284,14 +290,8 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
     for claim in load_registry(registry):
         if claim.id not in evaluators():
             raise RegistryError(f"{registry}: claim {claim.id} has no evaluator in analysis/evidence.py")
-        try:
-            ev = evaluators()[claim.id](reports)
-        except NoEvidence as none:
-            ev = Evidence([], [none.path], none.why)
-        points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
-            else (ev.points, [])
+        ev, points, missing, decider = _judged(claim, reports, registered_points)
         verdict = decide(claim.rule, points)
-        decider = deciding_point(claim.rule, points)
         by_current_run = claim.decided_by.startswith("default profile")
         by_scaling = "budget-scaling" in claim.decided_by
         study = scaling.get(claim.id)

@@ -95,10 +95,10 @@ if EXT:
         log:
             "logs/select_extended_tasks/{model}.log",
         params:
-            cfg=EXT,
+            cfg={**EXT, "max_tasks": None, "min_tasks": 0},  # every new task above chance, and no fill-up
             bootstrap=EVAL["bootstrap"],
         script:
-            "../scripts/select_extended_tasks.py"
+            "../scripts/select_bigbench_tasks.py"
 
     # The choice as its own raw folder, published (python -m analysis.publish extended_selection) before any student
     # is scored on a new task (the registration's order): each model's selection run and task list, and the
