@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from analysis.evidence import Evidence, NoEvidence, evaluators, kl_evaluators
-from analysis.rules import (FAILS, HOLDS, KINDS, UNCLEAR, Point, Rule, co_primary, decide, deciding_point,
-                            point_verdict, rule_text)
+from analysis.rules import (FAILS, HOLDS, KINDS, Point, Rule, co_primary, decide, deciding_point, point_verdict,
+                            rule_text)
 
 REGISTRY = Path(__file__).parent / "claims.yaml"
 REQUIRED = ("id", "statement", "paper", "artefact", "estimator", "rule", "over", "registered", "registered_commit",
@@ -234,14 +234,6 @@ def _kl_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) 
             "hi": decider.hi if decider else math.nan, "deciding": decider.label if decider else ""}
 
 
-def extended_judged(registry: str | Path = REGISTRY) -> list[str]:
-    """The claims the extended suite reads a second time (analysis/claims.yaml, extended_suite.judged)."""
-    import yaml
-
-    block = yaml.safe_load(Path(registry).read_text()).get("extended_suite") or {}
-    return list(block.get("judged", []))
-
-
 def _judged(claim: RegisteredClaim, reports: Path, registered_points: bool):
     """A claim's accuracy evidence under a reports root: (evidence, every point with the registered ones not measured
     added, those missing, the deciding point)."""
@@ -252,24 +244,6 @@ def _judged(claim: RegisteredClaim, reports: Path, registered_points: bool):
     points, missing = with_registered_points(claim, ev.points) if registered_points and ev.points \
         else (ev.points, [])
     return ev, points, missing, deciding_point(claim.rule, points)
-
-
-def _extended_reading(claim: RegisteredClaim, reports: Path, registered_points: bool) -> dict | None:
-    """A claim's extended-suite verdict (analysis/claims.yaml, extended_suite): its own evaluator and rule on the
-    study's files (``<reports>/extended_suite/``, analysis/extended.py), beside the power run's and never replacing
-    it; None where the study has not run."""
-    from analysis.extended import FOLDER
-
-    folder = reports / FOLDER
-    if not (folder / "seeds.csv").is_file():
-        return None
-    ev, points, missing, decider = _judged(claim, folder, registered_points)
-    decided = bool(ev.points) and (ev.seeded or ev.powered or claim.decided_by.startswith("default profile")) \
-        and not missing
-    return {"verdict": decide(claim.rule, points) if ev.points else UNCLEAR,
-            "status": AWAITING if not ev.points else DECIDED if decided else PROVISIONAL,
-            "estimate": decider.estimate if decider else math.nan, "lo": decider.lo if decider else math.nan,
-            "hi": decider.hi if decider else math.nan, "points": _points_text(claim.rule, points)}
 
 
 def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str = "",
@@ -285,6 +259,8 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
 
     reports, commits = Path(reports), commits or {}
     scaling = _scaling(reports)
+    from analysis.extended import extended_judged, extended_reading
+
     second = set(extended_judged(registry))
     rows, rows_extended = [], {}
     for claim in load_registry(registry):
@@ -325,7 +301,7 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
             why = ev.missing if status == AWAITING else ""
         if kl is not None and status == PROVISIONAL and not kl["decided"]:
             why = "; ".join(x for x in (why, f"held-out KL (co-primary): {kl['why']}") if x)
-        extended = _extended_reading(claim, reports, registered_points) if claim.id in second else None
+        extended = extended_reading(claim, reports, registered_points) if claim.id in second else None
         if extended is not None:  # the study's columns exist only where it has run (the committed page predates it)
             rows_extended[claim.id] = extended
         rows.append({

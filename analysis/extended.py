@@ -108,3 +108,34 @@ def _base_matrix(path, tasks: list[dict]) -> list:
     result = read_json(path)
     return [task_scores(result, t["name"], t["metric"]).values[None, :] for t in tasks]
 
+
+# -- the claims' second reading (analysis.claims adds it beside the first) --------------------------------------
+
+
+def extended_judged(registry: str | Path | None = None) -> list[str]:
+    """The claims the extended suite reads a second time (analysis/claims.yaml, extended_suite.judged)."""
+    import yaml
+
+    from analysis.claims import REGISTRY
+
+    block = yaml.safe_load(Path(registry or REGISTRY).read_text()).get("extended_suite") or {}
+    return list(block.get("judged", []))
+
+
+def extended_reading(claim, reports: Path, registered_points: bool) -> dict | None:
+    """A claim's extended-suite verdict (analysis/claims.yaml, extended_suite): its own evaluator and rule on the
+    study's files (``<reports>/extended_suite/``, from ``extended_tables``), beside the power run's and never replacing
+    it; None where the study has not run."""
+    from analysis.claims import AWAITING, DECIDED, PROVISIONAL, _judged, _points_text
+    from analysis.rules import UNCLEAR, decide
+
+    folder = reports / FOLDER
+    if not (folder / "seeds.csv").is_file():
+        return None
+    ev, points, missing, decider = _judged(claim, folder, registered_points)
+    decided = bool(ev.points) and (ev.seeded or ev.powered or claim.decided_by.startswith("default profile")) \
+        and not missing
+    return {"verdict": decide(claim.rule, points) if ev.points else UNCLEAR,
+            "status": AWAITING if not ev.points else DECIDED if decided else PROVISIONAL,
+            "estimate": decider.estimate if decider else math.nan, "lo": decider.lo if decider else math.nan,
+            "hi": decider.hi if decider else math.nan, "points": _points_text(claim.rule, points)}

@@ -82,7 +82,8 @@ def _raw_study(raw: Path, rng) -> list[dict]:
 
 
 def test_the_study_gives_each_judged_claim_a_second_verdict_beside_the_first(tmp_path):
-    from analysis.claims import evaluate, extended_judged
+    from analysis.claims import evaluate
+    from analysis.extended import extended_judged
     from analysis.extended import FOLDER, extended_tables
 
     raw = tmp_path / "reports" / "raw" / "extended_suite"

@@ -4,7 +4,8 @@ handlers parse options and call the library. Each command imports its heavy depe
 - ``options``: the parser class, argument types, model arguments, dtype / device resolution;
 - ``model``: prepare-model, convert, generate, simscore, flops;
 - ``distill``: distill, teacher-cache;
-- ``evaluate``: bigbench, heldout-ppl-task, eval, fidelity-teacher, long-context;
+- ``bigbench``: the benchmark task files (fetch, extract, generate, build ...);
+- ``evaluate``: heldout-ppl-task, eval, fidelity-teacher, long-context;
 - ``bench``: bench prefill / distill / distill-memory; ``serving``: bench serve / vllm / served-fidelity /
   sharegpt-requests.
 
@@ -21,7 +22,7 @@ import os
 import shlex
 import sys
 
-from swiftkv.cli import bench, distill, evaluate, model
+from swiftkv.cli import bench, bigbench, distill, evaluate, model
 from swiftkv.cli.options import Parser
 from swiftkv.errors import SwiftKVError, print_error
 
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     model.add_parsers(sub)
     distill.add_parsers(sub)
+    bigbench.add_parsers(sub)
     evaluate.add_parsers(sub)
     group = sub.add_parser("bench", help="benchmarks (results saved as JSON)").add_subparsers(dest="bench",
                                                                                                metavar="BENCH")
