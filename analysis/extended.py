@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.accuracy import minimum_detectable_difference
-from analysis.io import read_json, task_scores
-from analysis.seeds import SeedRun, benchmark_of, build_seeds_table, pool_benchmarks
+from analysis.io import read_json
+from analysis.seeds import SeedRun, _matrix, benchmark_of, build_seeds_table, pool_benchmarks
 from analysis.stats import BootstrapSettings, paired_difference_ci, seed_difference_ci
 
 FOLDER = "extended_suite"  # under a reports root: the files the evaluators read
@@ -34,19 +34,14 @@ def extended_path(model: str, *parts: str) -> str:
 
 
 def _fp8_rows(results: dict, tasks: list[dict], model: str, settings: BootstrapSettings) -> list[dict]:
+    """Each row's FP8 cache against its native one (Table B.1's delta_ref), paired on the native run's examples."""
     rows = []
     for variant, pair in results.items():
         if "fp8" not in pair or "native" not in pair:
             continue
-        a, b = [], []
-        for t in tasks:
-            native = task_scores(pair["native"], t["name"], t["metric"])
-            fp8 = task_scores(pair["fp8"], t["name"], t["metric"])
-            a.append(fp8.aligned(native.keys))
-            b.append(native.aligned(native.keys))
-        pooled_a = pool_benchmarks([x[None, :] for x in a], tasks)
-        pooled_b = pool_benchmarks([x[None, :] for x in b], tasks)
-        ci = paired_difference_ci([x[0] for x in pooled_a], [y[0] for y in pooled_b], settings).scaled(100)
+        fp8 = pool_benchmarks(_matrix([pair["fp8"]], pair["native"], tasks), tasks)
+        native = pool_benchmarks(_matrix([pair["native"]], pair["native"], tasks), tasks)
+        ci = paired_difference_ci([x[0] for x in fp8], [y[0] for y in native], settings).scaled(100)
         rows.append({"model": model, "variant": variant, "kv_cache": "fp8", "delta_ref": ci.value,
                      "delta_ref_lo": ci.low, "delta_ref_hi": ci.high, "delta_ref_row": f"{variant} (native KV)"})
     return rows
@@ -64,7 +59,7 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
         model = spec["model"]
         chosen = read_json(raw_path(raw, extended_path(model, "tasks.json")))
         tasks = chosen["tasks"]
-        base, runs, pairs = None, [], {}
+        base, runs, pairs, loaded = None, [], {}, {}
         for r in spec["runs"]:
             path = raw_path(raw, r["lm_eval"])
             if r["variant"] == "base" and r["kv_cache"] == "native":
@@ -72,7 +67,8 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
             elif r["kv_cache"] == "native":
                 runs.append(SeedRun(model, r["variant"], r["seed"] if r["trained"] else None, path))
             if r["kv_cache"] == "fp8" or (r["variant"] in spec["fp8_variants"] and r["seed"] == spec["own_seed"]):
-                pairs.setdefault(r["variant"], {})[r["kv_cache"]] = read_json(path)
+                loaded[path] = read_json(path)  # each file read once here
+                pairs.setdefault(r["variant"], {})[r["kv_cache"]] = loaded[path]
         if base is None:
             raise ValueError(f"the extended suite of {model} has no base-model evaluation")
         table = build_seeds_table(runs, base, tasks, reference, settings, by_benchmark=True)
@@ -83,8 +79,9 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
                "benchmarks": len(benchmarks), "report_examples": int(sum(t["n"] for t in tasks)),
                "benchmark_list": " ".join(benchmarks)}
         summary.append(rec)
-        base_matrix = pool_benchmarks(_base_matrix(base.lm_eval, tasks), tasks)
-        ci = seed_difference_ci(base_matrix, None, settings.confidence).scaled(100)
+        base_result = loaded.get(base.lm_eval) or read_json(base.lm_eval)
+        ci = seed_difference_ci(pool_benchmarks(_matrix([base_result], base_result, tasks), tasks), None,
+                                settings.confidence).scaled(100)
         summary.append({"model": model, "row": "base", "seeds": "untrained", "average": ci.value,
                         "average_lo": ci.low, "average_hi": ci.high})
         for _, r in table[table.seed.astype(str) == "all"].iterrows():
@@ -103,10 +100,6 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
         frame[key] = frame[key].astype("Int64")
     return pd.concat(seeds, ignore_index=True), fp8_frame, frame
 
-
-def _base_matrix(path, tasks: list[dict]) -> list:
-    result = read_json(path)
-    return [task_scores(result, t["name"], t["metric"]).values[None, :] for t in tasks]
 
 
 # -- the claims' second reading (analysis.claims adds it beside the first) --------------------------------------

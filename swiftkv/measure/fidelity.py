@@ -20,6 +20,7 @@ given), so the numbers equal a run that computes the teacher itself (``tests/tes
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -100,6 +101,7 @@ def _logits(model, ids, mask, cache_factory=None) -> torch.Tensor:
     return model(input_ids=ids, attention_mask=mask, **kwargs).logits.float()
 
 
+@functools.cache
 def _given_output():
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
@@ -268,10 +270,10 @@ def _batch_key(ids: torch.Tensor, mask: torch.Tensor) -> str:
     return digest.hexdigest()[:32]
 
 
-def _prompts_key(prompts: list[list[int]]) -> str:
+def _ids_key(ids: list[list[int]]) -> str:
     import hashlib
 
-    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -283,7 +285,7 @@ class TeacherOutputs:
     hidden: list[torch.Tensor]
     greedy: list[list[int]]
     key: dict
-    verified: tuple = ()  # (teacher object id, settings) pairs already checked
+    verified: tuple = ()  # (teacher object id, settings, sequences key, prompts key) already checked
 
     def problems(self, teacher, settings: FidelitySettings, seqs, prompts) -> list[str]:
         from swiftkv.distill.teacher_cache import weights_fingerprint
@@ -299,7 +301,7 @@ class TeacherOutputs:
                    for i in range(0, len(seqs), settings.batch_size)]
         if batches != self.key.get("batches"):
             out.append("other teacher-forced sequences (another held-out sample or tokenizer)")
-        if _prompts_key(prompts) != self.key.get("prompts"):
+        if _ids_key(prompts) != self.key.get("prompts"):
             out.append("other generation prompts (another held-out sample or tokenizer)")
         if weights_fingerprint(teacher) != self.key.get("teacher"):
             out.append("other teacher weights")
@@ -308,13 +310,13 @@ class TeacherOutputs:
     def check(self, teacher, settings: FidelitySettings, seqs, prompts) -> None:
         """Raise a one-line ``SwiftKVError`` unless this serves ``teacher`` on ``seqs`` / ``prompts`` with
         ``settings``."""
-        if (id(teacher), settings, _prompts_key(seqs), _prompts_key(prompts)) in self.verified:
+        if (id(teacher), settings, _ids_key(seqs), _ids_key(prompts)) in self.verified:
             return
         bad = self.problems(teacher, settings, seqs, prompts)
         if bad:
             raise SwiftKVError(f"the fidelity teacher {self.key.get('path', '')} does not serve this run: "
                                + "; ".join(bad) + "; rebuild it with: swiftkv fidelity-teacher BASE -o DIR")
-        self.verified += ((id(teacher), settings, _prompts_key(seqs), _prompts_key(prompts)),)
+        self.verified += ((id(teacher), settings, _ids_key(seqs), _ids_key(prompts)),)
 
     def check_for(self, teacher, tokenizer, conversations, settings: FidelitySettings) -> None:
         """``check`` on the sequences and prompts ``measure_fidelity`` will take from ``conversations`` (call it
@@ -372,6 +374,6 @@ def teacher_outputs(teacher, tokenizer, conversations, settings: FidelitySetting
     greedy = greedy_continuations(teacher, prompts, settings.new_tokens, pad_id, eos_id, settings.batch_size,
                                   None, progress, "teacher greedy")
     key = {"format": TEACHER_FORMAT, "teacher": weights_fingerprint(teacher), "settings": asdict(settings),
-           "batches": batches, "prompts": _prompts_key(prompts), "sequences": len(seqs),
+           "batches": batches, "prompts": _ids_key(prompts), "sequences": len(seqs),
            "dtype": str(hidden[0].dtype).replace("torch.", "") if hidden else None}
     return TeacherOutputs(hidden=hidden, greedy=greedy, key=key)
