@@ -122,13 +122,8 @@ if EXT:
         inputs = {"model": model_input(wildcards), "tasks": extended_path(wildcards.model, "tasks.json"),
                   "suite": "results/tasks/bigbench", "extended": EXT_BUILD}
         if wildcards.variant != "base":
-            inputs["checkpoint"] = seed_checkpoint(wildcards.model, wildcards.variant, int(wildcards.seed))
+            inputs["checkpoint"] = eval_target(wildcards)  # the seed's checkpoint (the tables' at the profile's seed)
         return inputs
-
-    def extended_target(wildcards):
-        if wildcards.variant == "base":
-            return model_source(wildcards)
-        return seed_checkpoint(wildcards.model, wildcards.variant, int(wildcards.seed))
 
     # A row-seed on the whole extended report suite (the suite's tasks included), as the tables' rows are scored.
     rule eval_extended:
@@ -142,7 +137,7 @@ if EXT:
             "benchmarks/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
         params:
             outdir=output_dir,
-            target=extended_target,
+            target=eval_target,
             base=model_source,
             batch=EVAL["batch_size"],
             dtype=DTYPE,
