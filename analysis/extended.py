@@ -10,7 +10,8 @@ registered rule:
 - ``tableB1.csv``: each FP8 row against the same row with the native cache (one training run, the profile's seed);
 
 and ``<root>/extended_suite.csv``: the suite (tasks, benchmarks, report examples) and, per pooled row, the average,
-the difference from the base model and its minimum detectable difference.
+the difference from the base model and its minimum detectable difference. ``agreement.csv`` (``mmlu_agreement``) is
+the registered check that the study's MMLU part, scored again, gives the power run's per-question results.
 """
 
 from __future__ import annotations
@@ -18,19 +19,31 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from analysis.accuracy import minimum_detectable_difference
-from analysis.io import read_json
+from analysis.io import _doc_key, _subtasks, read_json
+from analysis.raw import eval_path, raw_path
 from analysis.seeds import SeedRun, _matrix, benchmark_of, build_seeds_table, pool_benchmarks
 from analysis.stats import BootstrapSettings, paired_difference_ci, seed_difference_ci
 
 FOLDER = "extended_suite"  # under a reports root: the files the evaluators read
+# the power run's raw folders that hold its evaluations of the study's rows (the seeds study's, then the tables')
+POWER_RAWS = ("seeds", "table2", "table4a", "table4b", "tableB1", "tableB2")
 
 
 def extended_path(model: str, *parts: str) -> str:
     """Where the study's results live under ``results/`` (workflow/rules/extended.smk writes them there)."""
     return "/".join(("results", "extended", model, *parts))
+
+
+def power_run_path(model: str, variant: str, seed: int, kv_cache: str, own_seed: int) -> str:
+    """Where the power run scored a row-seed of the study on its suite (a ``results/`` path): the tables' evaluation
+    at the profile's seed (an untrained row has only that one), the seeds study's at any other."""
+    if seed == own_seed:
+        return eval_path(model, variant, kv_cache, "lm_eval.json")
+    return f"results/seeds/{model}/{variant}/seed-{seed}/{kv_cache}/lm_eval.json"
 
 
 def _fp8_rows(results: dict, tasks: list[dict], model: str, settings: BootstrapSettings) -> list[dict]:
@@ -52,8 +65,6 @@ def extended_tables(raw: str | Path, models: list[dict], reference: dict[str, st
                                                                                    pd.DataFrame]:
     """(seeds.csv, tableB1.csv, the study's summary) from the raw folder. ``models``: per model its runs as the
     rule's params give them ({variant, seed, kv_cache, trained, lm_eval}: ``results/`` paths)."""
-    from analysis.raw import raw_path
-
     seeds, fp8, summary = [], [], []
     for spec in models:
         model = spec["model"]
@@ -132,3 +143,65 @@ def extended_reading(claim, reports: Path, registered_points: bool) -> dict | No
             "status": AWAITING if not ev.points else DECIDED if decided else PROVISIONAL,
             "estimate": decider.estimate if decider else math.nan, "lo": decider.lo if decider else math.nan,
             "hi": decider.hi if decider else math.nan, "points": _points_text(claim.rule, points)}
+
+
+# -- the MMLU part scored twice (analysis/claims.yaml, extended_suite.rows) --------------------------------------
+
+
+def _samples(result: dict, task: str) -> dict[str, dict]:
+    return {f"{sub}/{_doc_key(s)}": s for sub in _subtasks(result, task)
+            for s in result.get("samples", {}).get(sub, []) if s.get("filter", "none") == "none"}
+
+
+def _loglikelihoods(sample: dict) -> np.ndarray | None:
+    resps = sample.get("filtered_resps")
+    return np.array([float(r[0]) for r in resps]) if resps else None
+
+
+def _find(raws: list[Path], source: str) -> tuple[Path, Path] | None:
+    for raw in raws:
+        path = raw_path(raw, source)
+        if path.is_file() or path.with_name(path.name + ".gz").is_file():
+            return raw, path
+    return None
+
+
+def mmlu_agreement(raw: str | Path, power_raws: list[str | Path], models: list[dict]) -> pd.DataFrame:
+    """Per row-seed of the study, its fixed part (the power run's suite, kept as chosen) against the power run's
+    evaluation of the same checkpoint on the same questions: how many questions each has that the other lacks, on how
+    many the task's metric differs, and the largest difference of a choice's log-likelihood. ``models`` as for
+    ``extended_tables``; ``power_raws``: the power run's raw folders (``POWER_RAWS``), searched in that order. A
+    row-seed the power run's folders do not hold is an error: the study only re-scores what the power run scored."""
+    raws, rows = [Path(p) for p in power_raws], []
+    for spec in models:
+        model = spec["model"]
+        chosen = read_json(raw_path(raw, extended_path(model, "tasks.json")))
+        fixed = chosen["tasks"][:chosen.get("fixed", 0)]
+        for r in spec["runs"]:
+            source = power_run_path(model, r["variant"], r["seed"], r["kv_cache"], spec["own_seed"])
+            found = _find(raws, source)
+            if found is None:
+                raise ValueError(f"{source} (the power run's {r['variant']} at seed {r['seed']}, {r['kv_cache']} "
+                                 f"cache) is in none of {', '.join(str(p) for p in raws)}")
+            folder, path = found
+            ours, theirs = read_json(raw_path(raw, r["lm_eval"])), read_json(path)
+            rec = {"model": model, "variant": r["variant"], "seed": r["seed"], "kv_cache": r["kv_cache"],
+                   "power_run": f"{folder.name}/{path.relative_to(folder).as_posix()}",
+                   "tasks": len(fixed), "questions": 0, "only_one": 0, "score_differs": 0,
+                   "largest_ll_difference": 0.0}
+            for task in fixed:
+                metric = task["metric"].partition(",")[0]
+                a, b = _samples(ours, task["name"]), _samples(theirs, task["name"])
+                rec["only_one"] += len(a.keys() ^ b.keys())
+                for key in a.keys() & b.keys():
+                    rec["questions"] += 1
+                    rec["score_differs"] += a[key].get(metric) != b[key].get(metric)
+                    la, lb = _loglikelihoods(a[key]), _loglikelihoods(b[key])
+                    if la is None or lb is None or la.shape != lb.shape:
+                        rec["largest_ll_difference"] = math.nan
+                    elif not math.isnan(rec["largest_ll_difference"]):
+                        rec["largest_ll_difference"] = max(rec["largest_ll_difference"],
+                                                           float(np.abs(la - lb).max(initial=0.0)))
+            rows.append(rec)
+    return pd.DataFrame(rows, columns=["model", "variant", "seed", "kv_cache", "power_run", "tasks", "questions",
+                                       "only_one", "score_differs", "largest_ll_difference"])

@@ -124,6 +124,61 @@ def test_the_study_gives_each_judged_claim_a_second_verdict_beside_the_first(tmp
     assert not suites_disagree(awaiting)
 
 
+def _scored(lls: dict[str, list[list[float]]], metric: str = "acc_norm") -> dict:
+    """An lm-eval result whose samples carry each choice's log-likelihood (gold: the first choice)."""
+    samples = {task: [{"doc_id": i, "doc": {"id": f"d{i}"}, "filter": "none", metric: float(np.argmax(ll) == 0),
+                       "filtered_resps": [[x, False] for x in ll]} for i, ll in enumerate(rows)]
+               for task, rows in lls.items()}
+    return {"results": {t: {} for t in samples}, "samples": samples}
+
+
+def test_the_mmlu_part_is_checked_against_the_power_runs_evaluations(tmp_path):
+    from analysis.extended import mmlu_agreement
+
+    rng = np.random.default_rng(7)
+    mmlu = rng.normal(size=(30, 4)).tolist()
+    olmes = rng.normal(size=(20, 2)).tolist()
+    raw, reports = tmp_path / "raw" / "extended_suite", tmp_path / "raw"
+    tasks = [{"name": "bb_mmlu_a_report", "source": "mmlu/a", "metric": "acc_norm,none", "n": 30},
+             {"name": "bb_olmes_x_report", "source": "olmes/x", "metric": "acc,none", "n": 20}]
+    (raw / "extended" / MODEL).mkdir(parents=True)
+    (raw / "extended" / MODEL / "tasks.json").write_text(json.dumps({"tasks": tasks, "fixed": 1}))
+
+    def put(path: Path, result: dict):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+
+    runs = []
+    for variant, seed in (("base", 0), ("swiftkv-50", 1)):
+        rel = f"extended/{MODEL}/{variant}/seed-{seed}/native/lm_eval.json"
+        put(raw / rel, _scored({"bb_mmlu_a_report": mmlu, "bb_olmes_x_report": olmes}))
+        runs.append({"variant": variant, "seed": seed, "kv_cache": "native", "lm_eval": f"results/{rel}"})
+    # the power run: the base model in Table 2's folder (the profile's seed), the seed-1 student in the seeds study's,
+    # where one question's gold choice moved by 3 nats (its score flips), another by 1e-6, and one question is absent
+    put(reports / "table2" / "eval" / MODEL / "base" / "native" / "lm_eval.json", _scored({"bb_mmlu_a_report": mmlu}))
+    changed = [list(ll) for ll in mmlu]
+    first = int(np.argmax(np.argmax(mmlu, axis=1) == 0))  # a question the student answers right
+    assert np.argmax(mmlu[first]) == 0 and first < 28
+    changed[first][0] -= 3.0 + max(changed[first]) - min(changed[first])
+    changed[first + 1][2] += 1e-6
+    student = _scored({"bb_mmlu_a_report": changed})
+    student["samples"]["bb_mmlu_a_report"].pop()
+    put(reports / "seeds" / MODEL / "swiftkv-50" / "seed-1" / "native" / "lm_eval.json", student)
+    models = [{"model": MODEL, "own_seed": 0, "fp8_variants": [], "runs": runs}]
+    folders = [reports / name for name in ("seeds", "table2")]
+
+    out = mmlu_agreement(raw, folders, models).set_index("variant")
+    assert out.loc["base", "power_run"] == f"table2/eval/{MODEL}/base/native/lm_eval.json"
+    assert out.loc["swiftkv-50", "power_run"] == f"seeds/{MODEL}/swiftkv-50/seed-1/native/lm_eval.json"
+    assert (out.tasks == 1).all()  # the OLMES task is the study's own: nothing to compare it with
+    assert out.loc["base", ["questions", "only_one", "score_differs", "largest_ll_difference"]].tolist() == [30, 0, 0, 0]
+    assert out.loc["swiftkv-50", ["questions", "only_one", "score_differs"]].tolist() == [29, 1, 1]
+    assert out.loc["swiftkv-50", "largest_ll_difference"] == pytest.approx(mmlu[first][0] - changed[first][0])
+    runs.append({"variant": "swiftkv-62", "seed": 2, "kv_cache": "native", "lm_eval": runs[0]["lm_eval"]})
+    with pytest.raises(ValueError, match=f"results/seeds/{MODEL}/swiftkv-62/seed-2/native/lm_eval.json"):
+        mmlu_agreement(raw, folders, models)
+
+
 def test_the_extended_rules_in_the_dag():
     out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml", "config/power.yaml",
                   "config/extended-suite.yaml", flags=("-p",))
@@ -131,7 +186,9 @@ def test_the_extended_rules_in_the_dag():
     counts = job_counts(out.stdout)
     assert counts["eval_extended"] == 46  # 8 trained rows x 5 seeds, 2 untrained rows, 4 FP8 rows
     assert counts["eval_extended_selection"] == counts["select_extended_tasks"] == counts["make_extended"] == 1
-    cmds = [line for line in out.stdout.splitlines() if "swiftkv eval results/seeds/" in line and "seed-3" in line]
+    assert counts["raw_seeds"] == 1 and counts["raw_table"] == 5  # the power run's folders: the MMLU part's check
+    cmds = [line for line in out.stdout.splitlines() if "swiftkv eval results/seeds/" in line and "seed-3" in line
+            and "--tasks-json results/extended/" in line]
     assert cmds and "--include-path results/tasks/bigbench/report --include-path results/tasks/bigbench-extended/report" \
         in cmds[0]
     build = next(line for line in out.stdout.splitlines() if "swiftkv bigbench build" in line

@@ -2,7 +2,7 @@
 # the suite's own choice kept as it is, plus new candidate tasks chosen by the same rule on their selection halves,
 # and the students of the tables and of the seeds study re-scored on the whole of it. A profile without the block
 # (extended_suite: null) has none of these rules.
-from analysis.extended import FOLDER as EXT_FOLDER, extended_path
+from analysis.extended import FOLDER as EXT_FOLDER, POWER_RAWS, extended_path
 
 EXT = config.get("extended_suite")
 EXT_BUILD = "results/tasks/bigbench-extended"
@@ -187,10 +187,13 @@ if EXT:
     rule make_extended:
         input:
             raw="{root}/raw/extended_suite",
+            # the power run's evaluations of the same row-seeds (the seeds study's folder where the profile has it)
+            power=[f"{{root}}/raw/{name}" for name in POWER_RAWS if name != "seeds" or SEEDS],
         output:
             seeds=f"{{root}}/{EXT_FOLDER}/seeds.csv",
             fp8=f"{{root}}/{EXT_FOLDER}/tableB1.csv",
             summary=report("{root}/extended_suite.csv", caption="../report/extended_suite.rst", category="Accuracy"),
+            agreement=f"{{root}}/{EXT_FOLDER}/agreement.csv",
         log:
             "logs/make_extended/{root}.log",
         params:
