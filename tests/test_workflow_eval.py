@@ -37,11 +37,36 @@ def test_all_five_tables_in_the_ci_profile():
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
     native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
-    assert counts["eval_swiftkv"] == len(native) + len(sheet_rows("tableB1"))  # + the FP8 rows of Table B.1
-    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"]  # each row's held-out measures in their own job
+    # + the FP8 rows of Table B.1; the base model's native evaluation also records the boundary states
+    assert counts["eval_base_boundary"] == 1
+    assert counts["eval_swiftkv"] + 1 == len(native) + len(sheet_rows("tableB1"))
+    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"] + 1  # each row's held-out measures in their own job
     assert counts["fidelity_teacher"] == 1  # the teacher's side of the fidelity measure: once for the model
     assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
+
+
+def test_students_take_the_base_models_boundary_states():
+    """eval.boundary_states: the base model's native evaluation records the stream at every cut of the sheet's
+    SwiftKV rows; each student's native evaluation (the tables' and the seeds study's) reads it; FP8 evaluations
+    neither record nor read; with the key off no job does either."""
+    out = dry_run(TABLES + ["results/reports/raw/seeds"], "config/ci.yaml", flags=("-p", "--forceall"))
+    assert out.returncode == 0, out.stderr
+    evals = [line for line in out.stdout.splitlines() if "swiftkv eval" in line and "--tasks-json" in line
+             and "/selection" not in line]
+    rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
+    cuts = sorted({int(r[2]) for r in rows if r[0] == "smollm2-135m" and r[1] != "base"})
+    base = [line for line in evals if "--output-dir results/eval/smollm2-135m/base/native" in line]
+    assert len(base) == 1 and ("--save-boundary results/boundary/smollm2-135m/base/native --boundary-layers "
+                               + " ".join(map(str, cuts))) in base[0]
+    students = [line for line in evals if "--kv-cache native" in line and line not in base]
+    assert students and any("results/seeds/" in line for line in students)
+    assert all("--boundary results/boundary/smollm2-135m/base/native " in line for line in students)
+    assert all("boundary" not in line for line in evals if "--kv-cache fp8" in line)
+    off = dry_run(TABLES, "config/ci.yaml", flags=("-p", "--forceall", "--config", "eval={'boundary_states': False}"))
+    assert off.returncode == 0, off.stderr
+    assert "-boundary" not in off.stdout and "eval_base_boundary" not in job_counts(off.stdout)
+    assert "eval_swiftkv" in job_counts(off.stdout)
 
 
 def test_eval_jobs_wire_checkpoint_tasks_and_cache():

@@ -35,14 +35,18 @@ def examples_of(result: dict) -> int:
 def bench_eval(model, tokenizer, tasks: list[TaskSpec], include_paths: list[str | Path], *,
                scorers: tuple[str, ...] = SCORERS[::-1], repeats: int = 3, warmup_limit: int = 4,
                batch_size: int = 16, positions_per_forward: int = 1024, kv_cache: str = "native",
-               seed: int = 1234) -> dict:
+               seed: int = 1234, boundary=None) -> dict:
     """Each repeat runs the whole suite once per scorer (the order alternates between repeats) after one untimed
     warm-up pass per scorer over ``warmup_limit`` examples a task. Reports examples/s per run and their median
     per scorer, the ratio of each scorer's median to the first scorer's, the time inside the scorer versus
-    lm-eval's own, and the largest log-likelihood difference from the first scorer over every logged request."""
+    lm-eval's own, and the largest log-likelihood difference from the first scorer over every logged request.
+    ``boundary``: a base model's recorded boundary states (``swiftkv.measure.boundary``) for the scorer named
+    ``boundary``, the packed scorer given them."""
     def run(scorer: str, suite: list[TaskSpec]) -> tuple[dict, SwiftKVLM, float]:
-        lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache, scorer=scorer,
-                       positions_per_forward=positions_per_forward)
+        given = boundary if scorer == "boundary" else None
+        lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache,
+                       scorer="packed" if scorer == "boundary" else scorer,
+                       positions_per_forward=positions_per_forward, boundary=given)
         t0 = time.perf_counter()
         result = run_suite(lm, suite, include_paths, seed=seed)
         return result, lm, time.perf_counter() - t0
@@ -61,6 +65,7 @@ def bench_eval(model, tokenizer, tasks: list[TaskSpec], include_paths: list[str 
                 "repeat": repeat, "scorer": scorer, "path": lm.last_path, "seconds": seconds, "examples": examples,
                 "examples_per_s": examples / seconds, "seconds_scoring": lm.seconds_scoring,
                 "forwards": lm.forwards, "positions": dict(lm.tokens_run),
+                **({"boundary_forwards": dict(lm.boundary_forwards)} if scorer == "boundary" else {}),
             })
             logger.info("repeat %d %-8s %.1f s  %.2f examples/s", repeat, scorer, seconds, examples / seconds)
             answers.setdefault(scorer, logged_answers(result))

@@ -174,12 +174,21 @@ def cmd_bench_eval(args) -> None:
         raise SwiftKVError("nothing to time: pass --bigbench-manifest, --tasks-json or --task")
     if len(set(args.scorers)) != len(args.scorers):
         raise SwiftKVError(f"--scorers {' '.join(args.scorers)} names a scorer twice; name each once")
+    boundary = None
+    if ("boundary" in args.scorers) != bool(args.boundary):
+        raise SwiftKVError("the boundary scorer and --boundary DIR go together: name both (a base model's "
+                           "swiftkv eval --save-boundary folder) or neither")
+    if args.boundary:
+        from swiftkv.measure.boundary import BoundaryStates
+
+        boundary = BoundaryStates.load(args.boundary)  # read (and refused) before the model loads
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype, "cpu"), resources=args.resources)
     if args.teacher:
         as_teacher(model, args.model)
     result = bench_eval(model, tokenizer, tasks, include, scorers=tuple(args.scorers), repeats=args.repeats,
                         warmup_limit=args.warmup_limit, batch_size=args.batch_size,
-                        positions_per_forward=args.positions_per_forward, kv_cache=args.kv_cache, seed=args.seed)
+                        positions_per_forward=args.positions_per_forward, kv_cache=args.kv_cache, seed=args.seed,
+                        boundary=boundary)
     result["model"] = args.name or args.model
     write_json(args.output, result, overwrite=args.overwrite)
     for scorer, row in result["summary"].items():
@@ -267,7 +276,8 @@ def add_parsers(bench) -> None:
     p.add_argument("--output", "-o", required=True, help="JSON file to write")
     p.set_defaults(func=cmd_bench_distill_memory, output_kind="file")
 
-    p = bench.add_parser("eval", help="evaluation examples/s: the packed vs the chunked log-likelihood scorer",
+    p = bench.add_parser("eval", help="evaluation examples/s: the log-likelihood scorers (chunked, packed, packed "
+                         "with a base model's boundary states) side by side",
                          description="Runs an lm-eval suite (what `swiftkv eval` runs, without fidelity) once per "
                          "scorer per repeat on one loaded model, the order alternating between repeats, after an "
                          "untimed warm-up pass per scorer. Prints and saves examples/s per run, the median per scorer, "
@@ -282,8 +292,12 @@ def add_parsers(bench) -> None:
     p.add_argument("--task", action="append", help="an lm-eval task name (repeatable)")
     p.add_argument("--include-path", action="append", help="folder of task YAMLs (repeatable)")
     p.add_argument("--limit", type=positive_int, default=None, help="at most this many examples per task")
-    p.add_argument("--scorers", nargs="+", choices=["chunked", "packed"], default=["chunked", "packed"],
-                   help="scorers to time; the first is the reference of the ratios and differences")
+    p.add_argument("--scorers", nargs="+", choices=["chunked", "packed", "boundary"], default=["chunked", "packed"],
+                   help="scorers to time; the first is the reference of the ratios and differences (boundary: the "
+                   "packed scorer given --boundary's states, a SwiftKV student only)")
+    p.add_argument("--boundary", default=None, metavar="DIR",
+                   help="the base model's boundary states (swiftkv eval BASE --save-boundary DIR) for the boundary "
+                   "scorer")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per scorer, interleaved")
     p.add_argument("--warmup-limit", type=positive_int, default=4, help="examples per task in the untimed warm-up")
     p.add_argument("--batch-size", type=positive_int, default=16, help="contexts per forward (chunked scorer)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from swiftkv.cli.options import add_model_args, as_teacher, positive_int, resolve_dtype
 from swiftkv.errors import SwiftKVError
@@ -50,6 +51,7 @@ def cmd_eval(args) -> None:
     if not tasks and args.no_fidelity:
         raise SwiftKVError("nothing to evaluate: no tasks given and --no-fidelity; pass --tasks-json, "
                            "--bigbench-manifest or --task, or drop --no-fidelity")
+    boundary = _boundary_args(args, tasks)
     cached = None
     if args.fidelity_teacher and not args.no_fidelity:  # read (and refused) before any model loads
         from swiftkv.measure.fidelity import TeacherOutputs
@@ -79,10 +81,20 @@ def cmd_eval(args) -> None:
 
         cached.check_for(teacher if teacher is not None else model, tokenizer,
                          heldout if heldout is not None else heldout_sample(), fidelity)  # before the tasks run
-    result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
-                                 batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed,
-                                 scorer=args.scorer, positions_per_forward=args.positions_per_forward,
-                                 fidelity_teacher=cached)
+    with contextlib.ExitStack() as stack:
+        recorder = None
+        if args.save_boundary:  # written beside, and swapped into place only when the evaluation succeeded
+            from swiftkv.io import atomic_dir
+            from swiftkv.measure.boundary import BOUNDARY_KIND, BoundaryRecorder
+
+            folder = stack.enter_context(atomic_dir(args.save_boundary, args.overwrite, what=BOUNDARY_KIND))
+            recorder = BoundaryRecorder(model, args.boundary_layers, folder, args.kv_cache)
+        result, fid = evaluate_model(model, tokenizer, tasks, include, teacher_model=teacher, kv_cache=args.kv_cache,
+                                     batch_size=args.batch_size, fidelity=fidelity, heldout=heldout, seed=args.seed,
+                                     scorer=args.scorer, positions_per_forward=args.positions_per_forward,
+                                     fidelity_teacher=cached, boundary=boundary, boundary_recorder=recorder)
+        if recorder is not None:
+            recorder.save()
     out = open_output_dir(args.output_dir, args.overwrite, args.output_what)
     if fid is not None:
         fid.update(model=args.model, base=args.base)
@@ -96,6 +108,35 @@ def cmd_eval(args) -> None:
         shown = {k: round(v, 4) for k, v in scores.items() if isinstance(v, float) and "stderr" not in k}
         print(f"{name:45s} {shown}")
     print(f"lm-eval: {result['swiftkv']['seconds_lm_eval']:.0f} s")
+
+
+def _boundary_args(args, tasks):
+    """--boundary / --save-boundary checked before any model loads: the recorded states (read), or the folder they
+    will be written to (which must be free for them)."""
+    if not (args.boundary or args.save_boundary):
+        if args.boundary_layers:
+            raise SwiftKVError("--boundary-layers without --save-boundary DIR: give the folder to record them in")
+        return None
+    if args.boundary and args.save_boundary:
+        raise SwiftKVError("--boundary (a student takes recorded states) and --save-boundary (a base model records "
+                           "them) do not go together; record with the base model first")
+    if args.scorer != "packed":
+        raise SwiftKVError("boundary states are recorded and used by the packed scorer only; drop --scorer chunked")
+    if not tasks:
+        raise SwiftKVError("boundary states belong to the tasks' log-likelihoods; give tasks (--tasks-json, "
+                           "--bigbench-manifest or --task)")
+    if args.save_boundary:
+        from swiftkv.io import check_output_dir
+        from swiftkv.measure.boundary import BOUNDARY_KIND
+
+        if not args.boundary_layers:
+            raise SwiftKVError("--save-boundary needs --boundary-layers L [L ...]: the cuts l of the students that "
+                               "will read the states")
+        check_output_dir(args.save_boundary, args.overwrite, BOUNDARY_KIND)
+        return None
+    from swiftkv.measure.boundary import BoundaryStates
+
+    return BoundaryStates.load(args.boundary)
 
 
 def _fidelity_settings(args):
@@ -226,6 +267,15 @@ def add_parsers(sub) -> None:
                    help="the teacher's side of the fidelity measure, computed once for every student of the base "
                    "(swiftkv fidelity-teacher; checked against --base, these settings and sequences): the teacher's "
                    "head runs, its layers do not; the numbers are the same")
+    p.add_argument("--save-boundary", default=None, metavar="DIR",
+                   help="a base model: also record the stream entering each of --boundary-layers for every packed "
+                   "segment, for its SwiftKV students' --boundary (docs/evaluation.md)")
+    p.add_argument("--boundary-layers", type=positive_int, nargs="+", default=None, metavar="L",
+                   help="the cuts l to record (the students' num_key_value_layers)")
+    p.add_argument("--boundary", default=None, metavar="DIR",
+                   help="a SwiftKV student: take the stream entering layer l from its base model's --save-boundary "
+                   "folder instead of running layers < l (checked: same embeddings and layers < l, dtype, native KV "
+                   "cache); the same numbers at fp32 tolerance")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", default="cpu")

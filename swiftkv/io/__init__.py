@@ -53,6 +53,7 @@ KINDS = (
     ("distillation checkpoints", "distillation checkpoint folder"),
     ("teacher cache", "teacher cache"),
     ("fidelity teacher", "fidelity teacher"),
+    ("boundary states", "boundary states"),
     ("arctic-inference checkpoint", "arctic-inference export"),
     ("lm-eval results", "evaluation"),
     ("vLLM raw outputs", "benchmark work folder"),

@@ -188,13 +188,17 @@ def evaluate_model(
     scorer: str = "packed",
     positions_per_forward: int = 1024,
     fidelity_teacher=None,
+    boundary=None,
+    boundary_recorder=None,
 ) -> tuple[dict | None, dict | None]:
     """lm-eval results (with samples) of ``model`` as the student (None without ``tasks``), and its fidelity to
     ``teacher_model``.
 
     ``fidelity`` is a ``swiftkv.measure.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
     it uses (default: ``swiftkv.data.heldout.heldout_sample()``); ``fidelity_teacher`` the teacher's side of it computed
-    once (``swiftkv.measure.fidelity.TeacherOutputs``), or None to compute it here.
+    once (``swiftkv.measure.fidelity.TeacherOutputs``), or None to compute it here. ``boundary`` /
+    ``boundary_recorder``: the base model's boundary states taken by a student, or recorded by the base model
+    (``swiftkv.measure.boundary``).
     """
     from swiftkv.measure.fidelity import measure_fidelity
     from swiftkv.models.kvquant import kv_memory
@@ -202,10 +206,24 @@ def evaluate_model(
     result = None
     if tasks:
         lm = SwiftKVLM(model, tokenizer=tokenizer, batch_size=batch_size, kv_cache=kv_cache, scorer=scorer,
-                       positions_per_forward=positions_per_forward)
+                       positions_per_forward=positions_per_forward, boundary=boundary,
+                       boundary_recorder=boundary_recorder)
         t0 = time.perf_counter()
         result = run_suite(lm, tasks, include_paths, seed=seed)
         result["swiftkv"]["seconds_lm_eval"] = time.perf_counter() - t0
+        if boundary is not None:
+            result["swiftkv"]["boundary"] = {"path": str(boundary.path), "layer": lm.boundary_layer,
+                                             "forwards": dict(lm.boundary_forwards)}
+            if lm.boundary_forwards["run"]:
+                logger.warning("boundary states: %d of %d forwards ran in full (segments the folder lacks)",
+                               lm.boundary_forwards["run"], sum(lm.boundary_forwards.values()))
+        if boundary_recorder is not None:
+            result["swiftkv"]["boundary_recorded"] = {"layers": boundary_recorder.layers,
+                                                      "segments": boundary_recorder.segments}
+        if (boundary is not None or boundary_recorder is not None) and lm.last_path != "packed":
+            logger.warning("boundary states: none %s, since the requests were scored by the %s path (the packed "
+                           "scorer needs sdpa or eager attention and no request past a sliding window)",
+                           "recorded" if boundary_recorder is not None else "used", lm.last_path)
         result["swiftkv"]["kv_memory"] = kv_memory(model.config, kv_cache)
         result["swiftkv"]["model_config"] = {k: getattr(model.config, k, None) for k in (
             "model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size",

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
 from swiftkv.errors import SwiftKVError
+from swiftkv.measure.boundary import boundary_forward
 from swiftkv.models.kvquant import make_cache_factory
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class SwiftKVLM(HFLM):
 
     def __init__(self, pretrained, *, teacher: bool = False, kv_cache: str = "native", prefill_skip: bool = True,
                  logits_budget_bytes: float = 1.5e9, scorer: str = "packed", positions_per_forward: int = 1024,
-                 **kwargs):
+                 boundary=None, boundary_recorder=None, **kwargs):
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained=pretrained, **kwargs)
         if hasattr(self.model, "swiftkv"):
@@ -75,6 +76,14 @@ class SwiftKVLM(HFLM):
         self.forwards = 0  # model forwards run for log-likelihoods (for the log)
         self.last_path = None  # how the last requests were scored: packed, chunked or full
         self.seconds_scoring = 0.0  # inside _loglikelihood_tokens (the rest of a suite's time is lm-eval's own)
+        # swiftkv.measure.boundary: a base model records the stream entering its students' cuts (recorder); a student
+        # takes it instead of running layers < l (boundary: BoundaryStates, checked here)
+        self.boundary, self.boundary_recorder, self.boundary_layer = boundary, boundary_recorder, None
+        self.boundary_forwards = {"given": 0, "run": 0}
+        if (boundary is not None or boundary_recorder is not None) and scorer != "packed":
+            raise SwiftKVError("boundary states are recorded and used by the packed scorer only; drop --scorer chunked")
+        if boundary is not None:
+            self.boundary_layer = boundary.check(self.model, kv_cache)
 
     # -- log-likelihoods ---------------------------------------------------------------------------------------
 
@@ -184,10 +193,12 @@ class SwiftKVLM(HFLM):
         segment = torch.full((len(rows), width), -1, dtype=torch.long)  # padding: a segment of its own
         branch = torch.zeros(len(rows), width, dtype=torch.long)  # 0: context; j: continuation j of its segment
         keep_lists, plans = [], []  # per row: scored columns; per request: (row, [indices into that row's keep])
+        layout = []  # (row, first column, end column, segment) of every segment: boundary states
         for r, row in enumerate(rows):
             col, keep = 0, []
             for s, (ctx, conts) in enumerate(row):
                 n = len(ctx)
+                layout.append((r, col, col + n + sum(len(c) - 1 for _, c in conts), ctx, conts))
                 ids[r, col:col + n] = torch.tensor(ctx)
                 positions[r, col:col + n] = torch.arange(n)
                 segment[r, col:col + n] = s
@@ -211,7 +222,7 @@ class SwiftKVLM(HFLM):
         mask = packed_mask(segment, branch)
         if self.model.config._attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
-        with self._autocast():
+        with boundary_forward(self, layout, ids.shape), self._autocast():
             out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                              cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
         self.forwards += 1

@@ -161,6 +161,9 @@ class SwiftKVModelMixin:
         # Runtime switch (not saved): False runs every position through layers >= l (a full student forward),
         # which gives the same requested logits more slowly; benchmarks and tests use it as the reference.
         self.prefill_skip = True
+        # Runtime input (not saved), set around one forward by swiftkv.measure.lm: the stream entering layer l of every
+        # position, recorded by the base model (whose layers < l the student shares), in place of running them.
+        self.given_boundary = None
 
     # -- pieces shared by the student forward and the distillation trainer ---------------------------------
 
@@ -363,7 +366,14 @@ class SwiftKVModelMixin:
             )
             can_skip = False
         l = self.config.num_key_value_layers
-        boundary = self.run_layers(state, 0, l, **kwargs)  # B,S,H: h_l, the stream entering layer l
+        given = getattr(self, "given_boundary", None)  # swiftkv.measure.boundary: h_l recorded by the base model
+        if given is not None:
+            if tuple(given.shape) != tuple(state.hidden_states.shape):
+                raise SwiftKVError(f"given boundary states of shape {tuple(given.shape)} for inputs of shape "
+                                   f"{tuple(state.hidden_states.shape)}")
+            boundary = given.to(device=state.hidden_states.device, dtype=state.hidden_states.dtype)
+        else:
+            boundary = self.run_layers(state, 0, l, **kwargs)  # B,S,H: h_l, the stream entering layer l
         key_values = self.swiftkv_key_values(boundary, state)
 
         if can_skip:

@@ -32,9 +32,35 @@ def eval_target(wildcards):
     return f"results/checkpoints/{wildcards.model}/{wildcards.variant}"  # rule distill_swiftkv's output
 
 
+# Boundary states (swiftkv.measure.boundary; eval.boundary_states): the base model's evaluation records the stream
+# entering each cut l of the model's SwiftKV rows, and every student's native-cache evaluation on the same suite takes
+# it instead of running its layers < l (the same numbers; a student's evaluation then waits for the base model's).
+BOUNDARY = bool(EVAL.get("boundary_states"))
+
+
+def boundary_cuts(model, variants=None):
+    """The cuts l of the model's SwiftKV rows in the variants sheet (below its base row's layer count); ``variants``:
+    only those rows (the students that will read the states), else every row of the model."""
+    rows = VARIANTS[VARIANTS.model == model]
+    layers = int(rows[rows.variant == "base"].num_key_value_layers.iloc[0])
+    return sorted({int(l) for v, l in zip(rows.variant, rows.num_key_value_layers)
+                   if v != "base" and 0 < l < layers and (variants is None or v in variants)})
+
+
+def boundary_input(wildcards, states):
+    """{"boundary": states} for a student's native-cache evaluation when the profile records boundary states."""
+    return {"boundary": states} if BOUNDARY and wildcards.variant != "base" and wildcards.kvcache == "native" else {}
+
+
+def boundary_args(wildcards, input):
+    return f"--boundary {input.boundary}" if "boundary" in input.keys() else ""
+
+
 def eval_inputs(wildcards):
-    """The benchmark tasks' evaluation: the model (and checkpoint), the task list and the BIG-bench task files."""
-    inputs = {"model": model_input(wildcards), "tasks": eval_path(wildcards.model, "tasks.json")}
+    """The benchmark tasks' evaluation: the model (and checkpoint), the task list, the BIG-bench task files and the
+    base model's boundary states."""
+    inputs = {"model": model_input(wildcards), "tasks": eval_path(wildcards.model, "tasks.json"),
+              **boundary_input(wildcards, f"results/boundary/{wildcards.model}/base/native")}
     if wildcards.variant != "base":
         inputs["checkpoint"] = eval_target(wildcards)
     if EVAL["suite"] == "bigbench":
@@ -305,7 +331,7 @@ else:
 EVAL_SHELL = (
     "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks} {params.include}"
     " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
-    " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
+    " {params.boundary} --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
 )
 # ... and the held-out measures: fidelity to the base model (fidelity.json) and, where a table reports it, ShareGPT
 # bits per byte (heldout.json, lm-eval's rolling log-likelihood; params.ppl empty: fidelity only).
@@ -325,7 +351,7 @@ def heldout_ppl_args(wildcards, input):
 
 # The params the two shells read, for every rule that runs them (the tables', seeds.smk's and scaling.smk's).
 EVAL_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, include=eval_include_args,
-                   batch=EVAL["batch_size"], dtype=DTYPE)
+                   batch=EVAL["batch_size"], dtype=DTYPE, boundary=boundary_args)
 
 
 def heldout_params(ppl):
@@ -350,6 +376,34 @@ rule eval_swiftkv:
     threads: ALL_CORES
     shell:
         EVAL_SHELL
+
+
+if BOUNDARY:
+
+    # The base model's native-cache evaluation, as rule eval_swiftkv runs it, that also records its boundary states.
+    ruleorder: eval_base_boundary > eval_swiftkv
+
+    rule eval_base_boundary:
+        input:
+            unpack(eval_inputs),
+        output:
+            lm_eval="results/eval/{model}/{variant}/{kvcache}/lm_eval.json",
+            states=directory("results/boundary/{model}/{variant}/{kvcache}"),
+        wildcard_constraints:
+            variant="base",
+            kvcache="native",
+        log:
+            "logs/eval_swiftkv/{model}/{variant}/{kvcache}.log",
+        benchmark:
+            "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
+        params:
+            **{**EVAL_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
+                                                            + " ".join(map(str, boundary_cuts(w.model)))},
+        resources:
+            **job_resources("eval"),
+        threads: ALL_CORES
+        shell:
+            EVAL_SHELL
 
 
 # The teacher's side of the fidelity measure (its final hidden states on the teacher-forced sequences and its greedy

@@ -118,12 +118,27 @@ if EXT:
         script:
             "../scripts/collect_raw.py"
 
+    def extended_states(model, variant="base", seed=None, kvcache="native"):
+        """The base model's boundary states on the extended suite (rule eval_extended_base)."""
+        seed = config["distill"]["seed"] if seed is None else seed
+        return f"results/boundary/{model}/extended-{variant}-seed-{seed}-{kvcache}"
+
     def extended_eval_inputs(wildcards):
         inputs = {"model": model_input(wildcards), "tasks": extended_path(wildcards.model, "tasks.json"),
-                  "suite": "results/tasks/bigbench", "extended": EXT_BUILD}
+                  "suite": "results/tasks/bigbench", "extended": EXT_BUILD,
+                  **boundary_input(wildcards, extended_states(wildcards.model))}
         if wildcards.variant != "base":
             inputs["checkpoint"] = eval_target(wildcards)  # the seed's checkpoint (the tables' at the profile's seed)
         return inputs
+
+    EXTENDED_SHELL = (
+        "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks}"
+        " --include-path {input.suite}/report --include-path {input.extended}/report"
+        " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
+        " {params.boundary} --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
+    )
+    EXTENDED_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, batch=EVAL["batch_size"],
+                           dtype=DTYPE, boundary=boundary_args)
 
     # A row-seed on the whole extended report suite (the suite's tasks included), as the tables' rows are scored.
     rule eval_extended:
@@ -136,19 +151,40 @@ if EXT:
         benchmark:
             "benchmarks/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
         params:
-            outdir=output_dir,
-            target=eval_target,
-            base=model_source,
-            batch=EVAL["batch_size"],
-            dtype=DTYPE,
+            **EXTENDED_PARAMS,
         resources:
             **job_resources("eval"),
         threads: ALL_CORES
         shell:
-            "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks}"
-            " --include-path {input.suite}/report --include-path {input.extended}/report"
-            " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
-            " --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
+            EXTENDED_SHELL
+
+    if BOUNDARY:
+
+        # The base model's native-cache evaluation on the extended suite, as rule eval_extended runs it, that also
+        # records its boundary states for the students' evaluations.
+        ruleorder: eval_extended_base > eval_extended
+
+        rule eval_extended_base:
+            input:
+                unpack(extended_eval_inputs),
+            output:
+                lm_eval=extended_path("{model}", "{variant}", "seed-{seed}", "{kvcache}", "lm_eval.json"),
+                states=directory("results/boundary/{model}/extended-{variant}-seed-{seed}-{kvcache}"),
+            wildcard_constraints:
+                variant="base",
+                kvcache="native",
+            log:
+                "logs/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.log",
+            benchmark:
+                "benchmarks/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
+            params:
+                **{**EXTENDED_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} "
+                   "--boundary-layers " + " ".join(map(str, boundary_cuts(w.model, EXT["variants"])))},
+            resources:
+                **job_resources("eval"),
+            threads: ALL_CORES
+            shell:
+                EXTENDED_SHELL
 
     def extended_inputs(wildcards):
         inputs = {"lm_eval": [], "selection": [], "tasks": []}

@@ -1,0 +1,230 @@
+"""Boundary states: the residual stream entering layer l, recorded once by a base model's evaluation and reused by
+every SwiftKV student of that base.
+
+A student's layers < l (and its embeddings) are the base model's, frozen by distillation, so the stream entering
+layer l of every position it scores is the base model's too. The packed scorer (``swiftkv.measure.lm``) runs each
+segment (a context and its continuations) the same way for every model, so the base model's evaluation can record,
+per segment, the stream entering each layer l that the profile's students cut at (``BoundaryRecorder``), and a
+student's evaluation can take it instead of running layers < l (``BoundaryStates``; the model reads it from
+``given_boundary``, ``swiftkv.models.common``). What is left for the student is its own part: K/V from
+``norm_swiftkv(h_l)`` for every position and layers >= l for the scored ones.
+
+The states are checked before use: the student's embeddings and layers < l must have the fingerprint the base
+model's had when it recorded them (``frozen_fingerprint``), in the same dtype, with the native KV cache. A segment
+the record lacks (another tokenizer, another task) is run in full, and the evaluation counts how many forwards took
+recorded states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from swiftkv.errors import SwiftKVError
+
+BOUNDARY_KIND = "boundary states"
+BOUNDARY_META = "boundary.json"
+BOUNDARY_FORMAT = 1
+SHARD_BYTES = 256 * 2**20  # a shard file is written when the states held reach this size
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        if i + 1 < len(parts) and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def frozen_fingerprint(model: torch.nn.Module, layer: int) -> str:
+    """sha256 over what decides the stream entering ``layer``: the architecture numbers, and the decoder's embeddings
+    and layers < ``layer`` (names, dtypes, bytes; a student's own ``*_swiftkv`` parts excluded)."""
+    decoder = model.get_decoder()
+    digest = hashlib.sha256()
+    config = {k: v for k, v in model.config.to_dict().items()
+              if k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_parameters",
+                       "rms_norm_eps", "sliding_window", "layer_types")}
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(decoder.state_dict().items()):
+        index = _layer_of(name)
+        if "swiftkv" in name or (index is not None and index >= layer) or (index is None and "embed" not in name):
+            continue
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def segment_key(context, continuations) -> str:
+    """A packed segment's identity: its context and continuations, token by token, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps([list(context), [list(c) for c in continuations]]).encode())
+    return digest.hexdigest()
+
+
+class BoundaryRecorder:
+    """Records, for the base model's packed forwards, the stream entering each of ``layers``, per segment, into shard
+    files under ``folder`` (``save`` writes the metadata). Use ``arm`` around one forward, then ``take``."""
+
+    def __init__(self, model: torch.nn.Module, layers, folder: str | Path, kv_cache: str = "native"):
+        if getattr(model.config, "swiftkv", False):
+            raise SwiftKVError("boundary states are recorded by the base model (a SwiftKV student runs its own layers "
+                               ">= l); evaluate the base model with --save-boundary")
+        n = model.config.num_hidden_layers
+        self.layers = sorted({int(x) for x in layers})
+        bad = [x for x in self.layers if not 0 < x < n]
+        if bad:
+            raise SwiftKVError(f"boundary layers {bad} are not cuts of a {n}-layer model (1 .. {n - 1})")
+        self.model, self.folder, self.kv_cache = model, Path(folder), kv_cache
+        self.fingerprints = {x: frozen_fingerprint(model, x) for x in self.layers}
+        self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        self._held: dict[int, dict[str, torch.Tensor]] = {x: {} for x in self.layers}
+        self._bytes = 0
+        self._shards: dict[int, list[str]] = {x: [] for x in self.layers}
+        self._captured: dict[int, torch.Tensor] = {}
+        self.segments = 0
+
+    def arm(self):
+        """Hooks that keep the input of each recorded layer for the next forward; remove them after it."""
+        layers = self.model.get_decoder().layers
+
+        def keep(index):
+            def hook(module, args, kwargs):
+                self._captured[index] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        return [layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in self.layers]
+
+    def take(self, layout) -> None:
+        """After the forward: ``layout`` is [(row, first column, end column, segment key)]."""
+        for x in self.layers:
+            states = self._captured.pop(x)
+            for row, start, end, key in layout:
+                if key not in self._held[x]:
+                    self._held[x][key] = states[row, start:end].detach().to("cpu").clone()
+                    self._bytes += self._held[x][key].numel() * self._held[x][key].element_size()
+        self.segments = len(set().union(*(set(h) for h in self._held.values()))) if self.layers else 0
+        if self._bytes >= SHARD_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for x in self.layers:
+            if self._held[x]:
+                name = f"layer-{x}-{len(self._shards[x]):04d}.safetensors"
+                save_file(self._held[x], str(self.folder / name))
+                self._shards[x].append(name)
+                self._held[x] = {}
+        self._bytes = 0
+
+    def save(self) -> None:
+        self._flush()
+        meta = {"format": BOUNDARY_FORMAT, "kind": BOUNDARY_KIND, "layers": self.layers,
+                "fingerprints": {str(x): f for x, f in self.fingerprints.items()}, "dtype": self.dtype,
+                "kv_cache": self.kv_cache, "shards": {str(x): s for x, s in self._shards.items()}}
+        (self.folder / BOUNDARY_META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+class BoundaryStates:
+    """A folder of recorded boundary states (``BoundaryRecorder``), read lazily; ``check`` before use."""
+
+    def __init__(self, path: str | Path, meta: dict):
+        self.path, self.meta = Path(path), meta
+        self._index: dict[int, dict[str, str]] = {}
+        self._open: dict[str, object] = {}
+
+    @classmethod
+    def load(cls, path) -> BoundaryStates:
+        path = Path(path)
+        meta_file = path / BOUNDARY_META
+        if not meta_file.is_file():
+            raise SwiftKVError(f"{path} holds no boundary states (no {BOUNDARY_META}); record them with: swiftkv eval "
+                               "BASE --save-boundary DIR --boundary-layers L ...")
+        try:
+            meta = json.loads(meta_file.read_text())
+            layers = [int(x) for x in meta["layers"]]
+            missing = [s for x in layers for s in meta["shards"][str(x)] if not (path / s).is_file()]
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise SwiftKVError(f"{path}: unreadable boundary states ({e}); record them again") from None
+        if meta.get("format") != BOUNDARY_FORMAT:
+            raise SwiftKVError(f"{path}: boundary states of format {meta.get('format')}, this swiftkv reads "
+                               f"{BOUNDARY_FORMAT}; record them again")
+        if missing:
+            raise SwiftKVError(f"{path}: boundary states lack {', '.join(missing)}; record them again")
+        return cls(path, meta)
+
+    def check(self, model: torch.nn.Module, kv_cache: str) -> int:
+        """The cut ``l`` these states serve ``model`` at, or a one-line ``SwiftKVError`` saying why not."""
+        where = f"the boundary states {self.path}"
+        if not getattr(model.config, "swiftkv", False):
+            raise SwiftKVError(f"{where} serve a SwiftKV student; this model runs as a plain (or teacher) model")
+        cut = int(model.config.num_key_value_layers)
+        if cut not in self.meta["layers"]:
+            raise SwiftKVError(f"{where} hold layers {self.meta['layers']}, not this student's cut l = {cut}; record "
+                               f"them with --boundary-layers {cut}")
+        if kv_cache != self.meta.get("kv_cache"):
+            raise SwiftKVError(f"{where} were recorded with the {self.meta.get('kv_cache')} KV cache, this run uses "
+                               f"{kv_cache}")
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        if dtype != self.meta.get("dtype"):
+            raise SwiftKVError(f"{where} are in {self.meta.get('dtype')}, this model runs in {dtype}")
+        if frozen_fingerprint(model, cut) != self.meta["fingerprints"][str(cut)]:
+            raise SwiftKVError(f"{where} were recorded by another base model: this student's embeddings and layers "
+                               f"< {cut} differ from the recording model's")
+        return cut
+
+    def _shard(self, name: str):
+        from safetensors import safe_open
+
+        if name not in self._open:
+            self._open[name] = safe_open(str(self.path / name), framework="pt")
+        return self._open[name]
+
+    def get(self, layer: int, key: str) -> torch.Tensor | None:
+        if layer not in self._index:
+            self._index[layer] = {k: name for name in self.meta["shards"][str(layer)] for k in self._shard(name).keys()}
+        name = self._index[layer].get(key)
+        return None if name is None else self._shard(name).get_tensor(key)
+
+
+@contextlib.contextmanager
+def boundary_forward(lm, layout, shape):
+    """Around one packed forward of ``lm`` (a ``swiftkv.measure.lm.SwiftKVLM``): record the base model's boundary
+    states (``lm.boundary_recorder``), or give a student the recorded ones (``lm.boundary``) when the folder holds every
+    segment of this forward, else let it run in full. ``layout``: [(row, first column, end column, context,
+    continuations)]; ``shape``: the forward's (rows, width)."""
+    if lm.boundary_recorder is None and lm.boundary is None:
+        yield
+        return
+    keyed = [(r, start, end, segment_key(ctx, [c for _, c in conts])) for r, start, end, ctx, conts in layout]
+    if lm.boundary_recorder is not None:
+        hooks = lm.boundary_recorder.arm()
+        try:
+            yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+        lm.boundary_recorder.take(keyed)
+        return
+    states = [lm.boundary.get(lm.boundary_layer, key) for *_, key in keyed]
+    if any(x is None for x in states):
+        lm.boundary_forwards["run"] += 1
+        yield
+        return
+    given = torch.zeros(*shape, lm.model.config.hidden_size, dtype=states[0].dtype)
+    for (r, start, end, _), x in zip(keyed, states):
+        given[r, start:end] = x
+    decoder = lm.model.get_decoder()
+    decoder.given_boundary = given.to(lm.device)
+    lm.boundary_forwards["given"] += 1
+    try:
+        yield
+    finally:
+        decoder.given_boundary = None
