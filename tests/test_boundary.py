@@ -57,6 +57,29 @@ def test_a_student_given_its_bases_boundary_states_scores_as_it_does_alone(famil
 
 
 @torch.no_grad()
+def test_the_recorder_writes_shards_and_stores_each_segment_once(tmp_path, monkeypatch):
+    """Shards are written as the states grow (here after every forward), a segment met again is not stored twice,
+    and a student reads across every shard."""
+    monkeypatch.setattr("swiftkv.measure.boundary.SHARD_BYTES", 1)
+    base = tiny_base()
+    reqs = requests()
+    recorder = BoundaryRecorder(base, [2], tmp_path / "b")
+    lm = _lm(base, monkeypatch, boundary_recorder=recorder)
+    lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    first = recorder.segments
+    lm._loglikelihood_tokens(reqs, disable_tqdm=True)  # the same segments again: nothing new to store
+    recorder.save()
+    states = BoundaryStates.load(tmp_path / "b")
+    shards = states.meta["shards"]["2"]
+    assert len(shards) == lm.forwards // 2 > 1 and recorder.segments == first >= lm.forwards // 2
+    student = convert_to_swiftkv(tiny_base(), 2)
+    given = _lm(student, monkeypatch, boundary=states)
+    assert given._loglikelihood_tokens(reqs, disable_tqdm=True) == \
+        _lm(student, monkeypatch)._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert given.boundary_forwards == {"given": given.forwards, "run": 0}
+
+
+@torch.no_grad()
 def test_segments_the_record_lacks_run_in_full(tmp_path, monkeypatch):
     base = tiny_base()
     _record(base, tmp_path / "b", [2], monkeypatch, reqs=requests(seed=0))

@@ -87,7 +87,7 @@ class BoundaryRecorder:
         self._bytes = 0
         self._shards: dict[int, list[str]] = {x: [] for x in self.layers}
         self._captured: dict[int, torch.Tensor] = {}
-        self.segments = 0
+        self._recorded: set[str] = set()  # every segment recorded so far (a segment met again is not stored twice)
 
     def arm(self):
         """Hooks that keep the input of each recorded layer for the next forward; remove them after it."""
@@ -100,15 +100,20 @@ class BoundaryRecorder:
 
         return [layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in self.layers]
 
+    @property
+    def segments(self) -> int:
+        return len(self._recorded)
+
     def take(self, layout) -> None:
         """After the forward: ``layout`` is [(row, first column, end column, segment key)]."""
+        new = [(row, start, end, key) for row, start, end, key in dict((k[3], k) for k in layout).values()
+               if key not in self._recorded]
         for x in self.layers:
             states = self._captured.pop(x)
-            for row, start, end, key in layout:
-                if key not in self._held[x]:
-                    self._held[x][key] = states[row, start:end].detach().to("cpu").clone()
-                    self._bytes += self._held[x][key].numel() * self._held[x][key].element_size()
-        self.segments = len(set().union(*(set(h) for h in self._held.values()))) if self.layers else 0
+            for row, start, end, key in new:
+                self._held[x][key] = states[row, start:end].detach().to("cpu").clone()
+                self._bytes += self._held[x][key].numel() * self._held[x][key].element_size()
+        self._recorded.update(key for *_, key in new)
         if self._bytes >= SHARD_BYTES:
             self._flush()
 
