@@ -69,6 +69,14 @@ def test_students_take_the_base_models_boundary_states():
     assert "eval_swiftkv" in job_counts(off.stdout)
 
 
+def test_boundary_states_for_a_model_without_students_are_refused(tmp_path):
+    sheet = tmp_path / "variants.tsv"
+    rows = (ROOT / "config/variants.tsv").read_text().splitlines()
+    sheet.write_text("\n".join([rows[0]] + [r for r in rows[1:] if r.split("\t")[1] == "base"]) + "\n")
+    out = dry_run(TABLES, "config/ci.yaml", flags=("--config", f"distill={{'variants': '{sheet}'}}"))
+    assert out.returncode == 2 and "eval.boundary_states: smollm2-135m has no SwiftKV rows" in out.stderr
+
+
 def test_eval_jobs_wire_checkpoint_tasks_and_cache():
     out = dry_run(["results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/lm_eval.json",
                    "results/eval/smollm2-135m/swiftkv-50-acrosskv-3/fp8/heldout.json"], "config/ci.yaml", flags=("-p",))

@@ -47,6 +47,13 @@ def boundary_cuts(model, variants=None):
                    if v != "base" and 0 < l < layers and (variants is None or v in variants)})
 
 
+if BOUNDARY:
+    for _model in EVAL["models"]:
+        if not boundary_cuts(_model):
+            stop(f"eval.boundary_states: {_model} has no SwiftKV rows in {config['distill']['variants']}, so no "
+                 "student would read its boundary states; set eval.boundary_states: false")
+
+
 def boundary_input(wildcards, states):
     """{"boundary": states} for a student's native-cache evaluation when the profile records boundary states."""
     return {"boundary": states} if BOUNDARY and wildcards.variant != "base" and wildcards.kvcache == "native" else {}
