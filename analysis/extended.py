@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.accuracy import minimum_detectable_difference
-from analysis.io import _doc_key, _subtasks, read_json
+from analysis.io import read_json, task_samples
 from analysis.raw import eval_path, raw_path
 from analysis.seeds import SeedRun, _matrix, benchmark_of, build_seeds_table, pool_benchmarks
 from analysis.stats import BootstrapSettings, paired_difference_ci, seed_difference_ci
@@ -148,11 +148,6 @@ def extended_reading(claim, reports: Path, registered_points: bool) -> dict | No
 # -- the MMLU part scored twice (analysis/claims.yaml, extended_suite.rows) --------------------------------------
 
 
-def _samples(result: dict, task: str) -> dict[str, dict]:
-    return {f"{sub}/{_doc_key(s)}": s for sub in _subtasks(result, task)
-            for s in result.get("samples", {}).get(sub, []) if s.get("filter", "none") == "none"}
-
-
 def _loglikelihoods(sample: dict) -> np.ndarray | None:
     resps = sample.get("filtered_resps")
     return np.array([float(r[0]) for r in resps]) if resps else None
@@ -187,21 +182,19 @@ def mmlu_agreement(raw: str | Path, power_raws: list[str | Path], models: list[d
             ours, theirs = read_json(raw_path(raw, r["lm_eval"])), read_json(path)
             rec = {"model": model, "variant": r["variant"], "seed": r["seed"], "kv_cache": r["kv_cache"],
                    "power_run": f"{folder.name}/{path.relative_to(folder).as_posix()}",
-                   "tasks": len(fixed), "questions": 0, "only_one": 0, "score_differs": 0,
-                   "largest_ll_difference": 0.0}
+                   "tasks": len(fixed), "questions": 0, "only_one": 0, "score_differs": 0}
+            diffs = []  # per question compared: its largest choice difference (None: not comparable)
             for task in fixed:
                 metric = task["metric"].partition(",")[0]
-                a, b = _samples(ours, task["name"]), _samples(theirs, task["name"])
+                a, b = dict(task_samples(ours, task["name"])), dict(task_samples(theirs, task["name"]))
                 rec["only_one"] += len(a.keys() ^ b.keys())
                 for key in a.keys() & b.keys():
                     rec["questions"] += 1
                     rec["score_differs"] += a[key].get(metric) != b[key].get(metric)
                     la, lb = _loglikelihoods(a[key]), _loglikelihoods(b[key])
-                    if la is None or lb is None or la.shape != lb.shape:
-                        rec["largest_ll_difference"] = math.nan
-                    elif not math.isnan(rec["largest_ll_difference"]):
-                        rec["largest_ll_difference"] = max(rec["largest_ll_difference"],
-                                                           float(np.abs(la - lb).max(initial=0.0)))
+                    comparable = la is not None and lb is not None and la.shape == lb.shape
+                    diffs.append(float(np.abs(la - lb).max(initial=0.0)) if comparable else None)
+            rec["largest_ll_difference"] = math.nan if None in diffs else max(diffs, default=0.0)
             rows.append(rec)
     return pd.DataFrame(rows, columns=["model", "variant", "seed", "kv_cache", "power_run", "tasks", "questions",
                                        "only_one", "score_differs", "largest_ll_difference"])

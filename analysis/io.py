@@ -125,15 +125,20 @@ class TaskScores:
         return np.array([index[k] for k in keys], dtype=float)
 
 
+def task_samples(result: dict, task: str, filt: str = "none") -> list[tuple[str, dict]]:
+    """(example id ``<subtask>/<doc id>``, sample) of every logged sample of ``task`` (group tasks: all their
+    subtasks') under filter ``filt``, in logged order."""
+    return [(f"{sub}/{_doc_key(sample)}", sample) for sub in _subtasks(result, task)
+            for sample in result.get("samples", {}).get(sub, []) if sample.get("filter", "none") == filt]
+
+
 def task_scores(result: dict, task: str, metric_key: str) -> TaskScores:
     """Per-example values of ``metric_key`` (``"metric,filter"``) for ``task`` from an lm-eval result with samples."""
     metric, filt = split_metric(metric_key)
     keys, values = [], []
-    for sub in _subtasks(result, task):
-        for sample in result.get("samples", {}).get(sub, []):
-            if sample.get("filter", "none") != filt or metric not in sample:
-                continue
-            keys.append(f"{sub}/{_doc_key(sample)}")
+    for key, sample in task_samples(result, task, filt):
+        if metric in sample:
+            keys.append(key)
             values.append(float(sample[metric]))
     if not keys:
         raise ValueError(f"no per-sample '{metric_key}' for task {task}; was it run with log_samples?")
