@@ -55,10 +55,15 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         if "_swiftkv" in name:  # the student's own parts: not the teacher's
             continue
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        hash_tensor(digest, name, tensor)
     return digest.hexdigest()[:32]
+
+
+def hash_tensor(digest, name: str, tensor: torch.Tensor) -> None:
+    """Add a named tensor (its name, dtype and bytes) to a hashlib digest: the fingerprints' one way to hash weights."""
+    digest.update(name.encode())
+    digest.update(str(tensor.dtype).encode())
+    digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
 
 
 @dataclass(frozen=True)

@@ -41,23 +41,37 @@ def _layer_of(name: str) -> int | None:
     return None
 
 
-def frozen_fingerprint(model: torch.nn.Module, layer: int) -> str:
-    """sha256 over what decides the stream entering ``layer``: the architecture numbers, and the decoder's embeddings
-    and layers < ``layer`` (names, dtypes, bytes; a student's own ``*_swiftkv`` parts excluded)."""
-    decoder = model.get_decoder()
+def frozen_fingerprints(model: torch.nn.Module, layers) -> dict[int, str]:
+    """Per cut l of ``layers``: sha256 over what decides the stream entering layer l, the architecture numbers and the
+    decoder's embeddings and layers < l (names, dtypes, bytes; a student's own ``*_swiftkv`` parts excluded). One pass
+    over the weights, embeddings first, then layer by layer; each cut's digest is taken where its layers end."""
+    from swiftkv.distill.teacher_cache import hash_tensor
+
     digest = hashlib.sha256()
     config = {k: v for k, v in model.config.to_dict().items()
               if k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rope_parameters",
                        "rms_norm_eps", "sliding_window", "layer_types")}
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(decoder.state_dict().items()):
+    cuts = sorted({int(x) for x in layers})
+    if not cuts:
+        return {}
+    frozen = []  # (layer index, -1 for the embeddings; name; tensor)
+    for name, tensor in model.get_decoder().state_dict().items():
         index = _layer_of(name)
-        if "swiftkv" in name or (index is not None and index >= layer) or (index is None and "embed" not in name):
-            continue
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:32]
+        if "swiftkv" not in name and (index is not None or "embed" in name) and (index is None or index < cuts[-1]):
+            frozen.append((-1 if index is None else index, name, tensor))
+    out = {}
+    for index, name, tensor in sorted(frozen, key=lambda t: t[:2]):
+        while cuts and index >= cuts[0]:
+            out[cuts.pop(0)] = digest.hexdigest()[:32]
+        hash_tensor(digest, name, tensor)
+    out.update({cut: digest.hexdigest()[:32] for cut in cuts})
+    return out
+
+
+def frozen_fingerprint(model: torch.nn.Module, layer: int) -> str:
+    """``frozen_fingerprints`` at one cut."""
+    return frozen_fingerprints(model, [layer])[layer]
 
 
 def segment_key(context, continuations) -> str:
@@ -81,7 +95,7 @@ class BoundaryRecorder:
         if bad:
             raise SwiftKVError(f"boundary layers {bad} are not cuts of a {n}-layer model (1 .. {n - 1})")
         self.model, self.folder, self.kv_cache = model, Path(folder), kv_cache
-        self.fingerprints = {x: frozen_fingerprint(model, x) for x in self.layers}
+        self.fingerprints = frozen_fingerprints(model, self.layers)
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")
         self._held: dict[int, dict[str, torch.Tensor]] = {x: {} for x in self.layers}
         self._bytes = 0
