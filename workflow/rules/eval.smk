@@ -390,27 +390,16 @@ if BOUNDARY:
     # The base model's native-cache evaluation, as rule eval_swiftkv runs it, that also records its boundary states.
     ruleorder: eval_base_boundary > eval_swiftkv
 
-    rule eval_base_boundary:
-        input:
-            unpack(eval_inputs),
+    use rule eval_swiftkv as eval_base_boundary with:
         output:
             lm_eval="results/eval/{model}/{variant}/{kvcache}/lm_eval.json",
             states=directory("results/boundary/{model}/{variant}/{kvcache}"),
         wildcard_constraints:
             variant="base",
             kvcache="native",
-        log:
-            "logs/eval_swiftkv/{model}/{variant}/{kvcache}.log",
-        benchmark:
-            "benchmarks/eval_swiftkv/{model}/{variant}/{kvcache}.tsv"
         params:
             **{**EVAL_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
                                                             + " ".join(map(str, boundary_cuts(w.model)))},
-        resources:
-            **job_resources("eval"),
-        threads: ALL_CORES
-        shell:
-            EVAL_SHELL
 
 
 # The teacher's side of the fidelity measure (its final hidden states on the teacher-forced sequences and its greedy

@@ -131,14 +131,9 @@ if EXT:
             inputs["checkpoint"] = eval_target(wildcards)  # the seed's checkpoint (the tables' at the profile's seed)
         return inputs
 
-    EXTENDED_SHELL = (
-        "swiftkv eval {params.target} --base {params.base} --tasks-json {input.tasks}"
-        " --include-path {input.suite}/report --include-path {input.extended}/report"
-        " --kv-cache {wildcards.kvcache} --no-fidelity --batch-size {params.batch} --dtype {params.dtype}"
-        " {params.boundary} --threads {threads} --output-dir {params.outdir} > {log} 2>&1"
-    )
-    EXTENDED_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, batch=EVAL["batch_size"],
-                           dtype=DTYPE, boundary=boundary_args)
+    # EVAL_SHELL, with the suite's and the new tasks' report folders
+    EXTENDED_PARAMS = {**EVAL_PARAMS, "include": lambda w, input: f"--include-path {input.suite}/report "
+                                                                  f"--include-path {input.extended}/report"}
 
     # A row-seed on the whole extended report suite (the suite's tasks included), as the tables' rows are scored.
     rule eval_extended:
@@ -156,7 +151,7 @@ if EXT:
             **job_resources("eval"),
         threads: ALL_CORES
         shell:
-            EXTENDED_SHELL
+            EVAL_SHELL
 
     if BOUNDARY:
 
@@ -164,27 +159,16 @@ if EXT:
         # records its boundary states for the students' evaluations.
         ruleorder: eval_extended_base > eval_extended
 
-        rule eval_extended_base:
-            input:
-                unpack(extended_eval_inputs),
+        use rule eval_extended as eval_extended_base with:
             output:
                 lm_eval=extended_path("{model}", "{variant}", "seed-{seed}", "{kvcache}", "lm_eval.json"),
                 states=directory("results/boundary/{model}/extended-{variant}-seed-{seed}-{kvcache}"),
             wildcard_constraints:
                 variant="base",
                 kvcache="native",
-            log:
-                "logs/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.log",
-            benchmark:
-                "benchmarks/eval_extended/{model}/{variant}/seed-{seed}/{kvcache}.tsv"
             params:
                 **{**EXTENDED_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} "
                    "--boundary-layers " + " ".join(map(str, boundary_cuts(w.model, EXT["variants"])))},
-            resources:
-                **job_resources("eval"),
-            threads: ALL_CORES
-            shell:
-                EXTENDED_SHELL
 
     def extended_inputs(wildcards):
         inputs = {"lm_eval": [], "selection": [], "tasks": []}
