@@ -199,5 +199,11 @@ def test_the_extended_rules_in_the_dag():
                      "config/extended-suite.yaml")
     assert choice.returncode == 0, choice.stderr
     assert "eval_extended" not in job_counts(choice.stdout)  # the choice is collected before any student is scored
+    from analysis.raw import OVERLAY_STUDIES, RUN
+
+    # the overlay's raw folders are those the layout check accepts beside the default profile's
+    # (analysis.raw_summary.layout_problems)
+    assert job_counts(choice.stdout)["raw_extended_selection"] == counts["raw_extended"] == 1
+    assert all(f"output: {RUN}/raw/{s}" in out.stdout + choice.stdout for s in OVERLAY_STUDIES)
     default = dry_run(["results/reports/claims.csv"])
     assert default.returncode == 0 and "eval_extended" not in job_counts(default.stdout)  # null: no study
