@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 # files of which a local model needs one to have a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # dtype names -> torch attribute names (torch is imported only when a model loads: the checks below are instant)
+# written by analysis.stage's restore into a run directory it re-creates with its summary and log but no weights
+RESTORED_WITHOUT_WEIGHTS = "restored-without-weights.json"
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -65,6 +67,10 @@ def check_model_dir(path: Path) -> None:
     """One clear line for a damaged model directory: config.json missing or not a JSON object with a model_type,
     a safetensors file that is truncated or not safetensors (read from the header: cheap)."""
     config = path / "config.json"
+    if (path / RESTORED_WITHOUT_WEIGHTS).is_file():
+        raise SwiftKVError(f"{path} holds a staged run's summary and log, not its weights (restored by "
+                           "python -m analysis.stage); rerun the job that made it, e.g. snakemake --forcerun "
+                           f"<its rule> {path}")
     if not config.is_file():
         raise SwiftKVError(f"{path} is a directory without config.json; point at a saved transformers model")
     try:

@@ -1,0 +1,259 @@
+"""Staged results: a long run's finished outputs kept in the repository between sessions, so that a run longer than
+one machine's life (the power run: days on 2 cores, on machines that are wiped between sessions) goes on where it
+stopped instead of starting again.
+
+A staging area ``staging/<run>/`` holds one folder per session, each a raw folder (``analysis.raw``: the small files
+with a manifest: source paths and sha256, the commit that computed them) plus a ``staged`` block in the manifest: the
+machine's CPU, the UTC time, the profile's config files and their sha256, and which earlier copies a file supersedes.
+A run directory (a student's checkpoint) is staged as its summary and training log only (``analysis.raw``'s
+``RUN_FILES``), never its weights.
+
+``restore`` writes the newest copy of every staged file back under ``results/``, never replacing a file that differs,
+and marks each run directory it re-creates without weights (``swiftkv.loading.RESTORED_WITHOUT_WEIGHTS``): loading
+it is refused in one line. Snakemake does not rerun a job whose outputs are back while no job that needs to run
+consumes them, nor rebuild its missing inputs (a teacher cache, the weights). It does compare modification times
+(Snakemake 9 always does, whatever ``--rerun-triggers`` says): an input rebuilt after the restore (the model, the
+tasks, the teacher cache of a seed whose units are not all done) is newer than the restored files. So a run that spans
+sessions restores, runs its unfinished units one invocation each (each one's DAG holds only that unit's jobs), and once
+every unit is done runs ``snakemake --touch`` on the whole run's targets before collecting its raw folders: Snakemake's
+own way to say that existing outputs are up to date (it creates nothing that is missing).
+
+The staged files reach the evidence of record only as the run's own raw folders, collected and published at the end
+(``python -m analysis.publish``); the staging area is removed then.
+
+From the shell::
+
+    python -m analysis.stage save staging/power --session S --root CHECKOUT --configfile F... -- PATH...
+    python -m analysis.stage restore staging/power --root CHECKOUT
+    python -m analysis.stage list staging/power
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+
+from analysis.raw import MANIFEST, RawError, collect, read_manifest, stored_source_bytes, uncommitted, verify
+
+RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: its summary and log (as workflow's collect_raw)
+STAGED = "staged"  # the manifest's block of what analysis.raw does not record
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def folders(area: str | Path) -> list[Path]:
+    """The session folders of a staging area, oldest first (their names sort by the session's start)."""
+    area = Path(area)
+    return sorted(p for p in area.iterdir() if (p / MANIFEST).is_file()) if area.is_dir() else []
+
+
+def staged(area: str | Path, skip: str | None = None) -> dict[str, tuple[Path, str, dict]]:
+    """Every staged source path -> (session folder, stored name, manifest entry) of its newest copy; ``skip``: a
+    session folder left out (the one being rewritten)."""
+    newest = {}
+    for folder in folders(area):
+        if folder.name == skip:
+            continue
+        for rel, meta in read_manifest(folder)["files"].items():
+            newest[meta["source"]] = (folder, rel, meta)
+    return newest
+
+
+def expand(paths: list[str], root: Path) -> list[str]:
+    """Files to stage: a file as it is, a finished run directory as its ``RUN_FILES`` (paths relative to ``root``,
+    under ``results/``)."""
+    out = []
+    for path in paths:
+        rel = Path(path)
+        if rel.is_absolute() or rel.parts[:1] != ("results",):
+            raise RawError(f"{path}: give paths under results/, relative to the run's checkout")
+        full = root / rel
+        if full.is_dir():
+            if not (full / RUN_FILES[0]).is_file():
+                raise RawError(f"{full} is a directory without {RUN_FILES[0]}: not a finished run directory")
+            out += [f"{path.rstrip('/')}/{name}" for name in RUN_FILES if (full / name).is_file()]
+        elif full.is_file():
+            out.append(str(rel))
+        else:
+            raise RawError(f"{full} does not exist (stage only finished outputs)")
+    return sorted(set(out))
+
+
+def save(area: str | Path, session: str, root: str | Path, paths: list[str], configfiles: list[str]) -> dict | None:
+    """Stage ``paths`` of the checkout ``root`` into ``area/session``: the files that no other session holds with the
+    same bytes (with those the session already holds: the folder is rewritten whole). Returns the folder's manifest,
+    or None when nothing is new."""
+    from swiftkv.provenance import git_commit
+
+    area, root = Path(area), Path(root).resolve()
+    if not session or "/" in session or session.startswith("."):
+        raise RawError(f"session {session!r}: a plain folder name (e.g. the session's UTC start, 20261205T2307Z)")
+    files = expand(paths, root)
+    earlier = staged(area, skip=session)
+    mine = {}
+    current = area / session
+    if (current / MANIFEST).is_file():
+        mine = {m["source"]: m for m in read_manifest(current)["files"].values()}
+        files = sorted(set(files) | {s for s in mine if (root / s).is_file()})
+
+    def digest(rel):
+        return hashlib.sha256((root / rel).read_bytes()).hexdigest()
+
+    new = [f for f in files if f not in earlier or earlier[f][2]["source_sha256"] != digest(f)]
+    if not new:
+        return None
+    configs = {}
+    for name in configfiles:
+        path = root / name
+        if not path.is_file():
+            raise RawError(f"config file {path} does not exist")
+        configs[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    commit = git_commit(root)
+    tmp = area / f".{session}.staging"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.chdir(root):
+        manifest = collect(new, tmp.resolve(), "see staged.configfiles", commit, repo=root,
+                           dirty=uncommitted(root) if commit.endswith("+dirty") else None, study=session)
+    manifest[STAGED] = {
+        "run": area.name, "session": session, "cpu": cpu_name(), "cores": _cores(),
+        "saved_at": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "configfiles": configs,
+        "supersedes": {f: f"{earlier[f][0].name}/{earlier[f][1]}" for f in new if f in earlier},
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    if current.exists():
+        shutil.rmtree(current)
+    tmp.rename(current)
+    return manifest
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
+def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
+    """Write the newest staged copy of every file back under ``root`` (checked against its sha256), and mark each
+    run directory re-created without its weights. A file already there with the same bytes is left as it is; a
+    different one is never replaced (``RawError``, nothing written). Returns the paths written."""
+    from swiftkv.loading import RESTORED_WITHOUT_WEIGHTS
+
+    area, root = Path(area), Path(root)
+    for folder in folders(area):
+        problems = verify(folder)
+        if problems:
+            raise RawError(f"{folder} is damaged ({'; '.join(problems[:3])}); check it out again from git")
+    planned = []
+    for source, (folder, rel, meta) in sorted(staged(area).items()):
+        data = stored_source_bytes(folder, rel, meta)
+        if hashlib.sha256(data).hexdigest() != meta["source_sha256"]:
+            raise RawError(f"{folder / rel} does not hold the bytes of {source} it was staged from")
+        target = root / source
+        if target.exists():
+            if not target.is_file() or hashlib.sha256(target.read_bytes()).hexdigest() != meta["source_sha256"]:
+                raise RawError(f"{target} exists and differs from the staged {folder / rel}; move it away to "
+                               "restore, or keep it and skip the restore")
+            continue
+        planned.append((target, data, folder))
+    marks = {}
+    for target, data, folder in planned:  # only once every file has passed its checks
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.restoring")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+        if target.name in RUN_FILES and not (target.parent / "config.json").exists():
+            marks[target.parent] = folder
+    for run_dir, folder in marks.items():
+        (run_dir / RESTORED_WITHOUT_WEIGHTS).write_text(json.dumps(
+            {"restored_from": str(folder), "files": list(RUN_FILES),
+             "why": "a staged run keeps a run directory's summary and log only; rerun the job that made it to "
+                    "have its weights"}, indent=2) + "\n")
+    return [target for target, _, _ in planned]
+
+
+def units(outputs: list[str]) -> list[dict]:
+    """A run's evaluation outputs grouped by the model they evaluate (a table's row ``results/eval/M/V/<kv>/...``,
+    a seed's ``results/seeds/M/V/seed-S/<kv>/...``): each unit is run and staged whole, so that a student is
+    evaluated in every KV-cache format in the session that trained it. In order: by seed, the base model first, then
+    the variants by name; each unit names its outputs and the run directory its student is trained into (it exists
+    only for a trained row)."""
+    import re
+
+    found = {}
+    for out in outputs:
+        if m := re.fullmatch(r"results/eval/([^/]+)/([^/]+)/[^/]+/[^/]+", out):
+            model, variant, seed = m[1], m[2], 0
+            run_dir = f"results/checkpoints/{model}/{variant}"
+        elif m := re.fullmatch(r"results/seeds/([^/]+)/([^/]+)/seed-(\d+)/[^/]+/[^/]+", out):
+            model, variant, seed = m[1], m[2], int(m[3])
+            run_dir = f"results/seeds/{model}/{variant}/seed-{seed}/checkpoint"
+        else:
+            raise RawError(f"{out}: not an evaluation output of a table row or a seed (results/eval/M/V/KV/FILE, "
+                           "results/seeds/M/V/seed-S/KV/FILE)")
+        unit = found.setdefault((seed, variant != "base", variant, model),
+                                {"key": f"{model}/{variant}/seed-{seed}", "outputs": [], "run_dir": run_dir})
+        unit["outputs"].append(out)
+    return [dict(u, outputs=sorted(u["outputs"])) for _, u in sorted(found.items())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.stage",
+        description="Keep a long run's finished outputs in the repository between sessions (staging/<run>/, one "
+                    "folder per session) and put them back under results/ on a new machine, so that Snakemake "
+                    "(with --rerun-triggers params input code software-env) goes on where the run stopped.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("save", help="stage finished outputs of a checkout (files, or run directories: their "
+                                    "summary and log only)")
+    p.add_argument("area", help="the staging area, e.g. staging/power")
+    p.add_argument("paths", nargs="+", help="outputs under results/, relative to --root")
+    p.add_argument("--session", required=True, help="this session's folder name (its UTC start, e.g. "
+                                                    "20261205T2307Z); saving again rewrites it whole")
+    p.add_argument("--root", default=".", help="the checkout the run ran in (default: here)")
+    p.add_argument("--configfile", nargs="*", default=[], help="the run's config files (recorded with their sha256)")
+    p = sub.add_parser("restore", help="write every staged file's newest copy back under results/ (never replaces "
+                                       "a different file)")
+    p.add_argument("area", help="the staging area, e.g. staging/power")
+    p.add_argument("--root", default=".", help="the checkout to restore into (default: here)")
+    p = sub.add_parser("list", help="the sessions of a staging area: files, CPU, commit")
+    p.add_argument("area", help="the staging area, e.g. staging/power")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "save":
+            manifest = save(args.area, args.session, args.root, args.paths, args.configfile)
+            print(f"{args.area}/{args.session}: " + ("nothing new to stage" if manifest is None else
+                  f"{len(manifest['files'])} files staged, computed at {manifest['collected_at']} "
+                  f"({manifest[STAGED]['cpu']})"))
+        elif args.command == "restore":
+            written = restore(args.area, args.root)
+            print(f"{len(written)} files restored from {args.area} under {args.root}")
+        else:
+            found = folders(args.area)
+            if not found:
+                parser.exit(2, f"error: {args.area} holds no staged session (python -m analysis.stage save)\n")
+            for folder in found:
+                m = read_manifest(folder)
+                s = m.get(STAGED, {})
+                print(f"{folder.name}: {len(m['files'])} files, computed at {m['collected_at']}, "
+                      f"{s.get('cpu', '?')}, saved {s.get('saved_at', '?')}")
+    except RawError as err:
+        parser.exit(2, f"error: {err}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
