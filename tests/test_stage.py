@@ -142,7 +142,7 @@ def test_the_command_line_saves_lists_and_restores_with_one_line_errors(tmp_path
     out = call("list", str(tmp_path / "nothing"))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "holds no staged session" in out.stderr
     out = call("save", str(area), "results/nope.json", "--session", "s", "--root", str(run))
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
 
 
 @pytest.mark.skipif(shutil.which("snakemake") is None and not (Path(sys.executable).parent / "snakemake").exists(),
@@ -212,3 +212,14 @@ def test_units_group_a_run_by_the_model_evaluated_seed_by_seed_base_first():
     assert got[3]["run_dir"] == "results/seeds/m/v/seed-1/checkpoint"
     with pytest.raises(RawError, match="not an evaluation output"):
         stage.units(["results/checkpoints/m/v"])
+
+
+def test_power_run_refuses_a_folder_that_is_no_checkout_and_a_bad_stop_time_in_one_line(tmp_path):
+    script = str(ROOT / "bin" / "power-run")
+    out = subprocess.run([sys.executable, script, "--checkout", str(tmp_path), "--dry-run"], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "is not a checkout with config/power.yaml" in out.stderr
+    assert out.stderr.count("\n") == 1
+    out = subprocess.run([sys.executable, script, "--checkout", str(ROOT), "--stop-at", "25h", "--dry-run"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
