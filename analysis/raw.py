@@ -260,18 +260,29 @@ def restore(root: str | Path, dest: str | Path = ".") -> list[Path]:
     checking the folder (``verify``) and each file's bytes against the source's sha256. A file already there with
     the same bytes is left as it is; a different one is never replaced (``RawError``, nothing written). Returns the
     paths written."""
-    root, dest = Path(root), Path(dest)
+    root = Path(root)
     if not (root / MANIFEST).is_file():
         raise RawError(f"{root} has no {MANIFEST}: not a raw folder (analysis/raw.py)")
+    check_intact(root)
+    return write_back([(root, rel, meta) for rel, meta in read_manifest(root)["files"].items()], dest)
+
+
+def check_intact(root: Path) -> None:
     problems = verify(root)
     if problems:
         raise RawError(f"{root} is damaged ({'; '.join(problems[:3])}); check it out again from git")
+
+
+def write_back(entries: list[tuple[Path, str, dict]], dest: str | Path) -> list[Path]:
+    """Write stored files (raw folder, stored name, manifest entry) back to their source paths under ``dest``, each
+    checked against the source's sha256; a file already there with the same bytes is left as it is, a different one
+    is never replaced (``RawError``, nothing written). Returns the paths written."""
     planned = []
-    for rel, meta in read_manifest(root)["files"].items():
+    for root, rel, meta in entries:
         data = stored_source_bytes(root, rel, meta)
         if hashlib.sha256(data).hexdigest() != meta["source_sha256"]:
             raise RawError(f"{root / rel} does not hold the bytes of {meta['source']} it was collected from")
-        target = dest / meta["source"]
+        target = Path(dest) / meta["source"]
         if target.exists():
             if not target.is_file() or hashlib.sha256(target.read_bytes()).hexdigest() != meta["source_sha256"]:
                 raise RawError(f"{target} exists and differs from the committed {root / rel}; move it away to "

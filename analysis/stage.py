@@ -39,7 +39,7 @@ import platform
 import shutil
 from pathlib import Path
 
-from analysis.raw import MANIFEST, RawError, collect, read_manifest, stored_source_bytes, uncommitted, verify
+from analysis.raw import MANIFEST, RawError, check_intact, collect, read_manifest, uncommitted, write_back
 
 RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: its summary and log (as workflow's collect_raw)
 STAGED = "staged"  # the manifest's block of what analysis.raw does not record
@@ -152,35 +152,19 @@ def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
 
     area, root = Path(area), Path(root)
     for folder in folders(area):
-        problems = verify(folder)
-        if problems:
-            raise RawError(f"{folder} is damaged ({'; '.join(problems[:3])}); check it out again from git")
-    planned = []
-    for source, (folder, rel, meta) in sorted(staged(area).items()):
-        data = stored_source_bytes(folder, rel, meta)
-        if hashlib.sha256(data).hexdigest() != meta["source_sha256"]:
-            raise RawError(f"{folder / rel} does not hold the bytes of {source} it was staged from")
-        target = root / source
-        if target.exists():
-            if not target.is_file() or hashlib.sha256(target.read_bytes()).hexdigest() != meta["source_sha256"]:
-                raise RawError(f"{target} exists and differs from the staged {folder / rel}; move it away to "
-                               "restore, or keep it and skip the restore")
-            continue
-        planned.append((target, data, folder))
+        check_intact(folder)
+    newest = staged(area)
+    written = write_back([newest[source] for source in sorted(newest)], root)
     marks = {}
-    for target, data, folder in planned:  # only once every file has passed its checks
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.restoring")
-        tmp.write_bytes(data)
-        tmp.replace(target)
+    for target in written:
         if target.name in RUN_FILES and not (target.parent / "config.json").exists():
-            marks[target.parent] = folder
+            marks[target.parent] = newest[target.relative_to(root).as_posix()][0]
     for run_dir, folder in marks.items():
         (run_dir / RESTORED_WITHOUT_WEIGHTS).write_text(json.dumps(
             {"restored_from": str(folder), "files": list(RUN_FILES),
              "why": "a staged run keeps a run directory's summary and log only; rerun the job that made it to "
                     "have its weights"}, indent=2) + "\n")
-    return [target for target, _, _ in planned]
+    return written
 
 
 def units(outputs: list[str]) -> list[dict]:

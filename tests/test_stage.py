@@ -142,7 +142,7 @@ def test_the_command_line_saves_lists_and_restores_with_one_line_errors(tmp_path
     out = call("list", str(tmp_path / "nothing"))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "holds no staged session" in out.stderr
     out = call("save", str(area), "results/nope.json", "--session", "s", "--root", str(run))
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "does not exist" in out.stderr
 
 
 @pytest.mark.skipif(shutil.which("snakemake") is None and not (Path(sys.executable).parent / "snakemake").exists(),
