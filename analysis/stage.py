@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import shutil
+import time
 from pathlib import Path
 
 from analysis.raw import MANIFEST, RawError, check_intact, collect, read_manifest, uncommitted, write_back
@@ -164,6 +165,11 @@ def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
             {"restored_from": str(folder), "files": list(RUN_FILES),
              "why": "a staged run keeps a run directory's summary and log only; rerun the job that made it to "
                     "have its weights"}, indent=2) + "\n")
+    # One time for everything restored: a run directory (dated by its newest file) is then never newer than the
+    # evaluations made from it, which Snakemake would take for an updated input.
+    now = time.time()
+    for path in [*written, *(d / RESTORED_WITHOUT_WEIGHTS for d in marks), *marks]:
+        os.utime(path, (now, now))
     return written
 
 

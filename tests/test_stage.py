@@ -55,6 +55,9 @@ def test_save_then_restore_gives_back_the_files_and_a_run_directory_that_refuses
     fresh = tmp_path / "fresh"
     written = stage.restore(area, fresh)
     assert len(written) == 4
+    ckpt, ev = fresh / "results/checkpoints/m/v", fresh / "results/eval/m/v/native/lm_eval.json"
+    newest_in_ckpt = max(p.stat().st_mtime for p in [ckpt, *ckpt.iterdir()])
+    assert newest_in_ckpt <= ev.stat().st_mtime  # else Snakemake takes the student for an updated input
     for rel in ("results/eval/m/v/native/lm_eval.json", "results/checkpoints/m/v/train_log.jsonl"):
         assert (fresh / rel).read_bytes() == (run / rel).read_bytes()
     assert (fresh / "results/checkpoints/m/v" / RESTORED_WITHOUT_WEIGHTS).is_file()
