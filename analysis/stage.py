@@ -114,8 +114,8 @@ def save(area: str | Path, session: str, root: str | Path, paths: list[str], con
         return hashlib.sha256((root / rel).read_bytes()).hexdigest()
 
     new = [f for f in files if f not in earlier or earlier[f][2]["source_sha256"] != digest(f)]
-    if not new:
-        return None
+    if not new or all(f in mine and mine[f]["source_sha256"] == digest(f) for f in new):
+        return None  # nothing that this session's folder does not already hold
     configs = {}
     for name in configfiles:
         path = root / name

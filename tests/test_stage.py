@@ -91,6 +91,9 @@ def test_saving_a_session_again_keeps_what_it_held(tmp_path):
     stage.save(area, "s1", run, PATHS[:1], [])
     manifest = stage.save(area, "s1", run, PATHS[1:2], [])
     assert set(manifest["files"]) == {"eval/m/v/native/lm_eval.json.gz", "eval/m/v/native/fidelity.json"}
+    before = (area / "s1/manifest.json").stat().st_mtime_ns
+    assert stage.save(area, "s1", run, PATHS[:2], []) is None  # all held already: the folder is not rewritten
+    assert (area / "s1/manifest.json").stat().st_mtime_ns == before
 
 
 def test_restore_never_replaces_a_different_file_and_writes_nothing_then(tmp_path):
