@@ -41,6 +41,7 @@ import subprocess
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the tables read; never the weights
 COMPRESS_ABOVE = 64 * 1024  # bytes: larger files (lm-eval results with per-example samples) are stored as <name>.gz,
 # which analysis.io.read_json reads in place of <name>
 CODE_TREES = ("swiftkv", "analysis", "workflow", "config")

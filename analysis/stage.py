@@ -35,24 +35,15 @@ import datetime
 import hashlib
 import json
 import os
-import platform
+import re
 import shutil
 import time
 from pathlib import Path
 
-from analysis.raw import MANIFEST, RawError, check_intact, collect, read_manifest, uncommitted, write_back
+from analysis.raw import (MANIFEST, RUN_FILES, RawError, check_intact, collect, read_manifest, uncommitted,
+                          write_back)
 
-RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: its summary and log (as workflow's collect_raw)
 STAGED = "staged"  # the manifest's block of what analysis.raw does not record
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def folders(area: str | Path) -> list[Path]:
@@ -97,7 +88,7 @@ def save(area: str | Path, session: str, root: str | Path, paths: list[str], con
     """Stage ``paths`` of the checkout ``root`` into ``area/session``: the files that no other session holds with the
     same bytes (with those the session already holds: the folder is rewritten whole). Returns the folder's manifest,
     or None when nothing is new."""
-    from swiftkv.provenance import git_commit
+    from swiftkv.provenance import cpu_name, git_commit
 
     area, root = Path(area), Path(root).resolve()
     if not session or "/" in session or session.startswith("."):
@@ -110,11 +101,9 @@ def save(area: str | Path, session: str, root: str | Path, paths: list[str], con
         mine = {m["source"]: m for m in read_manifest(current)["files"].values()}
         files = sorted(set(files) | {s for s in mine if (root / s).is_file()})
 
-    def digest(rel):
-        return hashlib.sha256((root / rel).read_bytes()).hexdigest()
-
-    new = [f for f in files if f not in earlier or earlier[f][2]["source_sha256"] != digest(f)]
-    if not new or all(f in mine and mine[f]["source_sha256"] == digest(f) for f in new):
+    digest = {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}
+    new = [f for f in files if f not in earlier or earlier[f][2]["source_sha256"] != digest[f]]
+    if not new or all(f in mine and mine[f]["source_sha256"] == digest[f] for f in new):
         return None  # nothing that this session's folder does not already hold
     configs = {}
     for name in configfiles:
@@ -173,20 +162,27 @@ def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
     return written
 
 
+# a table row's evaluation output (model, variant) and a seed's (model, variant, seed): what units() groups
+TABLE_OUTPUT = re.compile(r"results/eval/([^/]+)/([^/]+)/[^/]+/[^/]+")
+SEED_OUTPUT = re.compile(r"results/seeds/([^/]+)/([^/]+)/seed-(\d+)/[^/]+/[^/]+")
+
+
+def is_unit_output(path: str) -> bool:
+    return bool(TABLE_OUTPUT.fullmatch(path) or SEED_OUTPUT.fullmatch(path))
+
+
 def units(outputs: list[str]) -> list[dict]:
     """A run's evaluation outputs grouped by the model they evaluate (a table's row ``results/eval/M/V/<kv>/...``,
     a seed's ``results/seeds/M/V/seed-S/<kv>/...``): each unit is run and staged whole, so that a student is
     evaluated in every KV-cache format in the session that trained it. In order: by seed, the base model first, then
     the variants by name; each unit names its outputs and the run directory its student is trained into (it exists
     only for a trained row)."""
-    import re
-
     found = {}
     for out in outputs:
-        if m := re.fullmatch(r"results/eval/([^/]+)/([^/]+)/[^/]+/[^/]+", out):
+        if m := TABLE_OUTPUT.fullmatch(out):
             model, variant, seed = m[1], m[2], 0
             run_dir = f"results/checkpoints/{model}/{variant}"
-        elif m := re.fullmatch(r"results/seeds/([^/]+)/([^/]+)/seed-(\d+)/[^/]+/[^/]+", out):
+        elif m := SEED_OUTPUT.fullmatch(out):
             model, variant, seed = m[1], m[2], int(m[3])
             run_dir = f"results/seeds/{model}/{variant}/seed-{seed}/checkpoint"
         else:
@@ -205,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m analysis.stage",
         description="Keep a long run's finished outputs in the repository between sessions (staging/<run>/, one "
                     "folder per session) and put them back under results/ on a new machine, so that Snakemake "
-                    "(with --rerun-triggers params input code software-env) goes on where the run stopped.")
+                    "goes on where the run stopped (snakemake --touch once every unit is done: see the module's "
+                    "docstring).")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("save", help="stage finished outputs of a checkout (files, or run directories: their "
                                     "summary and log only)")

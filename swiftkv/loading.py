@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 # files of which a local model needs one to have a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-# dtype names -> torch attribute names (torch is imported only when a model loads: the checks below are instant)
 # written by analysis.stage's restore into a run directory it re-creates with its summary and log but no weights
 RESTORED_WITHOUT_WEIGHTS = "restored-without-weights.json"
+# dtype names -> torch attribute names (torch is imported only when a model loads: the checks below are instant)
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -69,8 +69,8 @@ def check_model_dir(path: Path) -> None:
     config = path / "config.json"
     if (path / RESTORED_WITHOUT_WEIGHTS).is_file():
         raise SwiftKVError(f"{path} holds a staged run's summary and log, not its weights (restored by "
-                           "python -m analysis.stage); rerun the job that made it, e.g. snakemake --forcerun "
-                           f"<its rule> {path}")
+                           "python -m analysis.stage); delete it and run the job that made it again (Snakemake "
+                           f"does, for a target that needs {path})")
     if not config.is_file():
         raise SwiftKVError(f"{path} is a directory without config.json; point at a saved transformers model")
     try:

@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from swiftkv.provenance import cpu_name
+
 LLAMA_3_2_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
                     "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True, "head_dim": 64}
 LLAMA_3_1_8B = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -334,20 +336,8 @@ def bench_distill_memory(cases: list[Case], progress=print, mmap_threshold: int 
     allocator = f"glibc, MALLOC_MMAP_THRESHOLD_={threshold}" if threshold else "glibc default"
     return {"measure": "resource.getrusage(RUSAGE_SELF).ru_maxrss per rank (peak resident set, imports included)",
             "allocator": allocator,
-            "cpu": _cpu_name(), "platform": platform.platform(), "shape": cases[0].shape if cases else None,
+            "cpu": cpu_name(), "platform": platform.platform(), "shape": cases[0].shape if cases else None,
             "results": rows, "ratios": goals, "paper_predictions": paper_predictions()}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
 
 
 if __name__ == "__main__":

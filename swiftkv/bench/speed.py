@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from swiftkv.measure.flops import prefill_flops
 from swiftkv.models.convert import convert_to_swiftkv
+from swiftkv.provenance import cpu_name
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def kept_layers(num_layers: int, fraction: float) -> int:
 def hardware() -> dict:
     info = {
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -38,16 +39,6 @@ def hardware() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def summarize(times: list[float]) -> dict:

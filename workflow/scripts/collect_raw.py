@@ -3,12 +3,11 @@
 import logging
 from pathlib import Path
 
-from analysis.raw import collect, uncommitted
+from analysis.raw import RUN_FILES, collect, uncommitted
 from swiftkv.io import atomic_dir
 from swiftkv.provenance import git_commit
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO)  # noqa: F821
-RUN_FILES = ("distill.json", "train_log.jsonl")  # of a run directory: what the tables read; never the weights
 params = snakemake.params  # noqa: F821
 sources = [p for p in snakemake.input if Path(p).is_file()]  # noqa: F821
 files = list(getattr(params, "files", []))  # named files inside folder inputs (raw_suite: the tasks' manifest)
