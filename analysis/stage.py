@@ -162,32 +162,39 @@ def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
     return written
 
 
-# a table row's evaluation output (model, variant) and a seed's (model, variant, seed): what units() groups
+# a table row's evaluation output (model, variant), a seed's (model, variant, seed) and an extended-suite evaluation's
+# (model, variant, seed; workflow/rules/extended.smk): what units() groups
 TABLE_OUTPUT = re.compile(r"results/eval/([^/]+)/([^/]+)/[^/]+/[^/]+")
 SEED_OUTPUT = re.compile(r"results/seeds/([^/]+)/([^/]+)/seed-(\d+)/[^/]+/[^/]+")
+EXTENDED_OUTPUT = re.compile(r"results/extended/([^/]+)/([^/]+)/seed-(\d+)/[^/]+/lm_eval\.json")
 
 
 def is_unit_output(path: str) -> bool:
-    return bool(TABLE_OUTPUT.fullmatch(path) or SEED_OUTPUT.fullmatch(path))
+    return any(p.fullmatch(path) for p in (TABLE_OUTPUT, SEED_OUTPUT, EXTENDED_OUTPUT))
 
 
-def units(outputs: list[str]) -> list[dict]:
+def units(outputs: list[str], own_seed: int = 0) -> list[dict]:
     """A run's evaluation outputs grouped by the model they evaluate (a table's row ``results/eval/M/V/<kv>/...``,
-    a seed's ``results/seeds/M/V/seed-S/<kv>/...``): each unit is run and staged whole, so that a student is
+    a seed's ``results/seeds/M/V/seed-S/<kv>/...``, an extended-suite evaluation
+    ``results/extended/M/V/seed-S/<kv>/lm_eval.json``): each unit is run and staged whole, so that a student is
     evaluated in every KV-cache format in the session that trained it. In order: by seed, the base model first, then
     the variants by name; each unit names its outputs and the run directory its student is trained into (it exists
-    only for a trained row)."""
+    only for a trained row). ``own_seed`` is the profile's seed (``distill.seed``), whose students are the tables'
+    (``results/checkpoints``)."""
     found = {}
     for out in outputs:
         if m := TABLE_OUTPUT.fullmatch(out):
-            model, variant, seed = m[1], m[2], 0
-            run_dir = f"results/checkpoints/{model}/{variant}"
-        elif m := SEED_OUTPUT.fullmatch(out):
+            model, variant, seed = m[1], m[2], own_seed
+        elif m := (SEED_OUTPUT.fullmatch(out) or EXTENDED_OUTPUT.fullmatch(out)):
             model, variant, seed = m[1], m[2], int(m[3])
+        else:
+            raise RawError(f"{out}: not an evaluation output of a table row, a seed or the extended suite "
+                           "(results/eval/M/V/KV/FILE, results/seeds/M/V/seed-S/KV/FILE, "
+                           "results/extended/M/V/seed-S/KV/lm_eval.json)")
+        if m.re is SEED_OUTPUT or (m.re is EXTENDED_OUTPUT and seed != own_seed):
             run_dir = f"results/seeds/{model}/{variant}/seed-{seed}/checkpoint"
         else:
-            raise RawError(f"{out}: not an evaluation output of a table row or a seed (results/eval/M/V/KV/FILE, "
-                           "results/seeds/M/V/seed-S/KV/FILE)")
+            run_dir = f"results/checkpoints/{model}/{variant}"
         unit = found.setdefault((seed, variant != "base", variant, model),
                                 {"key": f"{model}/{variant}/seed-{seed}", "outputs": [], "run_dir": run_dir})
         unit["outputs"].append(out)

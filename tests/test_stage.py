@@ -220,12 +220,30 @@ def test_units_group_a_run_by_the_model_evaluated_seed_by_seed_base_first():
         stage.units(["results/checkpoints/m/v"])
 
 
+def test_units_of_the_extended_suite_take_the_tables_student_at_the_profiles_seed():
+    ext = "results/extended/m/{}/seed-{}/{}/lm_eval.json"
+    outputs = [ext.format("v", 1, "native"), ext.format("v", 2, "native"), ext.format("v", 2, "fp8"),
+               ext.format("base", 2, "fp8"), ext.format("base", 2, "native")]
+    assert not stage.is_unit_output("results/extended/m/selection/lm_eval.json")  # the published choice
+    got = stage.units(outputs, own_seed=2)
+    assert [u["key"] for u in got] == ["m/v/seed-1", "m/base/seed-2", "m/v/seed-2"]
+    assert got[0]["run_dir"] == "results/seeds/m/v/seed-1/checkpoint"
+    assert got[2] == {"key": "m/v/seed-2", "run_dir": "results/checkpoints/m/v",
+                      "outputs": [ext.format("v", 2, "fp8"), ext.format("v", 2, "native")]}
+
+
 def test_power_run_refuses_a_folder_that_is_no_checkout_and_a_bad_stop_time_in_one_line(tmp_path):
     script = str(ROOT / "bin" / "power-run")
     out = subprocess.run([sys.executable, script, "--checkout", str(tmp_path), "--dry-run"], capture_output=True,
                          text=True)
-    assert out.returncode == 2 and "is not a checkout with config/power.yaml" in out.stderr
+    assert out.returncode == 2 and "is not a checkout with config/config.yaml" in out.stderr
     assert out.stderr.count("\n") == 1
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("profile: default\n")
+    out = subprocess.run([sys.executable, script, "--study", "extended", "--checkout", str(tmp_path), "--dry-run"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "is not a checkout with config/extended-suite.yaml (the extended study's profile)" in out.stderr
     out = subprocess.run([sys.executable, script, "--checkout", str(ROOT), "--stop-at", "25h", "--dry-run"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
