@@ -40,8 +40,8 @@ import shutil
 import time
 from pathlib import Path
 
-from analysis.raw import (MANIFEST, RUN_FILES, RawError, check_intact, collect, read_manifest, uncommitted,
-                          write_back)
+from analysis.raw import (MANIFEST, RUN_FILES, RawError, check_intact, collect, read_manifest,
+                          stored_source_bytes, uncommitted, write_back)
 
 STAGED = "staged"  # the manifest's block of what analysis.raw does not record
 
@@ -159,6 +159,54 @@ def restore(area: str | Path, root: str | Path = ".") -> list[Path]:
     now = time.time()
     for path in [*written, *(d / RESTORED_WITHOUT_WEIGHTS for d in marks), *marks]:
         os.utime(path, (now, now))
+    return written
+
+
+def _relative(text: str) -> str:
+    """A built task manifest names its folders by absolute path (the checkout it was built in): as relative paths."""
+    return re.sub(r'"/[^"]*?/(results/tasks/)', r'"\1', text)
+
+
+def _dry_rules(snakemake, targets: list[str]) -> set[str]:
+    dry = snakemake(targets, "-n")
+    if dry.returncode:
+        raise RawError(f"the dry run of {targets[0]} failed: {(dry.stderr or dry.stdout).strip().splitlines()[-1]}")
+    return {line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith("rule ")}
+
+
+def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[Path]:
+    """A study's published input (a committed raw folder, e.g. the extended suite's task choice) put back under
+    ``root``'s ``results/`` and marked up to date, so that a run reads it as published and never computes it again.
+    The tasks it was chosen on (its files under ``results/tasks/``) are built here first and must be the same (their
+    manifests compared with the folders named relative to the checkout); then its other files are written back (a
+    file already there must have the same bytes), and ``snakemake --touch`` settles their modification times (it
+    creates nothing missing). ``snakemake(targets, *options)`` runs Snakemake in ``root`` and returns the completed
+    process, its output captured. Returns the paths written; ``RawError`` if the tasks differ or the published
+    files would still be computed again."""
+    folder, root = Path(folder), Path(root)
+    check_intact(folder)
+    entries = [(folder, rel, meta) for rel, meta in read_manifest(folder)["files"].items()]
+    tasks = [e for e in entries if e[2]["source"].startswith("results/tasks/")]
+    built = sorted({meta["source"].rsplit("/", 1)[0] for _, _, meta in tasks})
+    if built:
+        done = snakemake(built)
+        if done.returncode:
+            raise RawError(f"building {', '.join(built)} failed: "
+                           f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
+    for top, rel, meta in tasks:
+        here = root / meta["source"]
+        if _relative(here.read_text()) != _relative(stored_source_bytes(top, rel, meta).decode()):
+            raise RawError(f"{here} differs from the published {folder / rel}: other tasks than those the choice "
+                           "was made on; the study cannot go on with this choice")
+    others = [e for e in entries if e not in tasks]
+    written = write_back(others, root)
+    outputs = [meta["source"] for _, _, meta in others]
+    if _dry_rules(snakemake, outputs):
+        snakemake(outputs, "--touch")
+    left = _dry_rules(snakemake, outputs)
+    if left:
+        raise RawError(f"the published {folder.name} would be computed again ({', '.join(sorted(left))}); see "
+                       f"snakemake -n -r {' '.join(outputs)} in {root}")
     return written
 
 

@@ -247,3 +247,63 @@ def test_power_run_refuses_a_folder_that_is_no_checkout_and_a_bad_stop_time_in_o
     out = subprocess.run([sys.executable, script, "--checkout", str(ROOT), "--stop-at", "25h", "--dry-run"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
+
+
+@pytest.mark.skipif(shutil.which("snakemake") is None and not (Path(sys.executable).parent / "snakemake").exists(),
+                    reason="snakemake not installed")
+def test_a_published_choice_is_put_back_on_the_tasks_built_here_and_never_computed_again(tmp_path, monkeypatch):
+    """The extended study's choice (a committed raw folder) on a new machine: the tasks are built here (their manifest
+    names the checkout's absolute path), the choice is written back and marked up to date, so that the evaluation
+    that reads it runs alone; tasks other than the published ones are refused."""
+    from analysis.raw import collect
+
+    snakefile = """
+import json, os
+rule build:
+    output: directory("results/tasks/x")
+    params: size=config.get("size", 3)
+    run:
+        os.makedirs(output[0])
+        json.dump({"splits": {"report": os.path.abspath(output[0])}, "size": params.size},
+                  open(f"{output[0]}/manifest.json", "w"))
+rule choose:
+    input: "results/tasks/x"
+    output: "results/ext/tasks.json"
+    shell: "echo chosen > {output}"
+rule evaluate:
+    input: "results/ext/tasks.json", "results/tasks/x"
+    output: "results/ext/v/lm_eval.json"
+    shell: "cat {input[0]} > {output}"
+"""
+    exe = str(Path(sys.executable).parent / "snakemake")
+
+    def checkout(name, *config):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "Snakefile").write_text(snakefile)
+
+        def run(targets, *options):
+            return subprocess.run([exe, *targets, "--cores", "1", *options, *config], cwd=root, capture_output=True,
+                                  text=True)
+        return root, run
+
+    first, run = checkout("first")
+    assert run(["results/ext/tasks.json"]).returncode == 0
+    monkeypatch.chdir(first)
+    published = tmp_path / "reports/raw/choice"
+    collect(["results/ext/tasks.json", "results/tasks/x/manifest.json"], published, "h", "c", repo=first)
+    monkeypatch.chdir(tmp_path)
+
+    fresh, run = checkout("fresh")  # a new machine: nothing built, nothing chosen
+    written = stage.put_back_published(published, fresh, run)
+    assert [p.relative_to(fresh).as_posix() for p in written] == ["results/ext/tasks.json"]
+    assert (fresh / "results/ext/tasks.json").read_text() == "chosen\n"
+    dry = run(["results/ext/v/lm_eval.json"], "-n")
+    assert {line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith("rule ")} == \
+        {"evaluate"}
+    assert stage.put_back_published(published, fresh, run) == []  # again: nothing to write
+
+    other, run = checkout("other", "--config", "size=4")  # other tasks: refused, nothing written
+    with pytest.raises(RawError, match="differs from the published"):
+        stage.put_back_published(published, other, run)
+    assert not (other / "results/ext/tasks.json").exists()
