@@ -180,7 +180,7 @@ def test_the_mmlu_part_is_checked_against_the_power_runs_evaluations(tmp_path):
 
 
 def test_the_extended_rules_in_the_dag():
-    out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml", "config/power.yaml",
+    out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml",
                   "config/extended-suite.yaml", flags=("-p",))
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
@@ -195,7 +195,7 @@ def test_the_extended_rules_in_the_dag():
     build = next(line for line in out.stdout.splitlines() if "swiftkv bigbench build" in line
                  and "bigbench-extended" in line)
     assert "--selection-examples 1000 --report-examples 1000" in build and "mmlu/" not in build
-    choice = dry_run(["results/reports/raw/extended_selection"], "config/config.yaml", "config/power.yaml",
+    choice = dry_run(["results/reports/raw/extended_selection"], "config/config.yaml",
                      "config/extended-suite.yaml")
     assert choice.returncode == 0, choice.stderr
     assert "eval_extended" not in job_counts(choice.stdout)  # the choice is collected before any student is scored

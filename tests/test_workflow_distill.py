@@ -27,7 +27,7 @@ def test_every_trainable_row_is_a_distill_job():
     expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base")
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert counts["distill_swiftkv"] == expected == 10
+    assert counts["distill_swiftkv"] == expected == 12
 
 
 @pytest.mark.parametrize(
@@ -130,15 +130,16 @@ def test_the_paper_profile_sets_the_process_count_the_launcher_and_the_trainer_c
         assert "--batch-size 8 " in line and "--processes 8" in line and "--strategy" not in line
 
 
-def test_the_power_run_overlay_trains_five_seeds_and_five_cuts():
-    """config/power.yaml (the registry's power_run) over the default profile: Table 2 gains the l = 26 and l = 19
-    rows (the default sheet's rows unchanged), and every compared trained row is distilled with seeds 0-4."""
-    default = (ROOT / "config/variants.tsv").read_text().splitlines()
-    power = (ROOT / "config/variants-power.tsv").read_text().splitlines()
-    added = [r.split("\t") for r in power if r not in default]
-    assert set(default) <= set(power) and [(r[1], r[2]) for r in added] == [("swiftkv-12", "26"), ("swiftkv-37", "19")]
+def test_the_default_profile_trains_five_seeds_and_five_cuts():
+    """The power run's settings (the registry's power_run), folded into the default profile once its raw folders were
+    published: Table 2 has five trained cuts (l = 26, 22, 19, 15, 11), and every compared trained row is distilled
+    with seeds 0-4."""
+    rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
+    cuts = sorted({int(r[2]) for r in rows if r[0] == "smollm2-135m" and r[7] == "yes" and "table2" in r[10]
+                   and r[3] == "1"})
+    assert cuts == [11, 15, 19, 22, 26]
     out = dry_run(["results/reports/raw/seeds", "results/reports/raw/table2"], "config/config.yaml",
-                  "config/power.yaml", flags=("--forceall",))
+                  flags=("--forceall",))
     assert out.returncode == 0, out.stderr
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
