@@ -72,26 +72,64 @@ def at_collection(raw: Path, path: str) -> str:
     return out.stdout
 
 
-def committed_raw(study: str) -> tuple[Path, dict]:
-    """A committed raw folder of the default profile, checked intact against its manifest, and that profile as it
-    was when the folder was collected (``at_collection``)."""
+# the overlays a published run of the default profile was collected with, as Snakemake merges them (--configfile)
+OVERLAYS = ((), ("config/power.yaml",), ("config/power.yaml", "config/extended-suite.yaml"),
+            ("config/extended-suite.yaml",))
+
+
+def collected_profile(raw: Path) -> dict:
+    """The default profile as the run behind the raw folder ``raw`` resolved it: config/config.yaml at the commit
+    that collected it (``at_collection``) with the overlays (``OVERLAYS``) whose merged config has the manifest's
+    ``config_hash`` (the workflow's ``config_hash()``)."""
+    import hashlib
+    import json
+    import subprocess
+
     import yaml
 
+    def merge(into: dict, update: dict) -> dict:
+        for key, value in update.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+        return into
+
+    manifest = json.loads((raw / "manifest.json").read_text())
+    commit = manifest["collected_at"].split("+")[0]
+    base = yaml.safe_load(at_collection(raw, "config/config.yaml"))
+    for overlays in OVERLAYS:
+        if any(subprocess.run(["git", "cat-file", "-e", f"{commit}:{o}"], cwd=REPO, capture_output=True).returncode
+               for o in overlays):
+            continue  # not in that commit
+        merged = json.loads(json.dumps(base))
+        for overlay in overlays:
+            merge(merged, yaml.safe_load(at_collection(raw, overlay)))
+        if hashlib.sha256(json.dumps(merged, sort_keys=True).encode()).hexdigest()[:12] == manifest["config_hash"]:
+            return merged
+    raise AssertionError(f"{raw}: no profile at {commit[:12]} (config/config.yaml with the overlays {OVERLAYS}) has "
+                         f"the manifest's config_hash {manifest['config_hash']}")
+
+
+def committed_raw(study: str) -> tuple[Path, dict]:
+    """A committed raw folder of the default profile, checked intact against its manifest, and that profile as the
+    run behind it resolved it (``collected_profile``)."""
     from analysis.raw import verify
 
     raw = REPO / "reports" / "raw" / study
     assert verify(raw) == []
-    return raw, yaml.safe_load(at_collection(raw, "config/config.yaml"))
+    return raw, collected_profile(raw)
 
 
 def committed_sheet(study: str, dtype=str):
-    """config/variants.tsv as it was when the raw folder ``study`` was collected, as a frame (of strings, unless
-    ``dtype`` is None: pandas' own types)."""
+    """The variants sheet of the profile the raw folder ``study`` was collected with (``collected_profile``), as it
+    was then, as a frame (of strings, unless ``dtype`` is None: pandas' own types)."""
     import io
 
     import pandas as pd
 
-    text = at_collection(REPO / "reports" / "raw" / study, "config/variants.tsv")
+    raw = REPO / "reports" / "raw" / study
+    text = at_collection(raw, collected_profile(raw)["distill"]["variants"])
     return pd.read_csv(io.StringIO(text), sep="\t", dtype=dtype, keep_default_na=False)
 
 

@@ -107,9 +107,9 @@ def test_every_registered_claim_is_evaluated_on_the_committed_reports():
     by_id = frame.set_index("id")
     for cid in ("flops-table1", "kv-memory-acrosskv"):
         assert by_id.loc[cid, "status"] == DECIDED and by_id.loc[cid, "verdict"] == HOLDS
-    # a claim decided by the seeds run is judged on its pooled rows; with 3 seeds, fewer than the power run's
-    # registered 5, it is provisional (analysis.evidence MIN_SEEDS)
-    assert by_id.loc["quality-loss-50", "status"] == PROVISIONAL and "(3 seeds)" in by_id.loc["quality-loss-50", "points"]
+    # a claim decided by the seeds run is judged on its pooled rows: the power run's 5 seeds, as registered
+    # (analysis.evidence MIN_SEEDS; fewer leave it provisional)
+    assert by_id.loc["quality-loss-50", "status"] == DECIDED and "(5 seeds)" in by_id.loc["quality-loss-50", "points"]
     assert isinstance(by_id.loc["quality-loss-50", "points"], str) and not pd.isna(by_id.loc["quality-loss-50", "lo"])
 
 
