@@ -167,11 +167,22 @@ def _relative(text: str) -> str:
     return re.sub(r'"/[^"]*?/(results/tasks/)', r'"\1', text)
 
 
-def _dry_rules(snakemake, targets: list[str]) -> set[str]:
-    dry = snakemake(targets, "-n")
+def dry_jobs(text: str) -> list[tuple[str, list[str]]]:
+    """The jobs of a Snakemake dry run's output: (rule, its outputs) each."""
+    jobs = []
+    for line in text.splitlines():
+        if line.startswith(("rule ", "localrule ")) and line.rstrip().endswith(":"):
+            jobs.append((line.split()[1].rstrip(":"), []))
+        elif line.startswith("    output: ") and jobs:
+            jobs[-1][1].extend(o.strip() for o in line.removeprefix("    output: ").split(","))
+    return jobs
+
+
+def _dry_jobs(snakemake, targets: list[str], *options: str) -> list[tuple[str, list[str]]]:
+    dry = snakemake(targets, "-n", *options)
     if dry.returncode:
         raise RawError(f"the dry run of {targets[0]} failed: {(dry.stderr or dry.stdout).strip().splitlines()[-1]}")
-    return {line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith("rule ")}
+    return dry_jobs(dry.stdout)
 
 
 def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[Path]:
@@ -179,8 +190,10 @@ def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[
     ``root``'s ``results/`` and marked up to date, so that a run reads it as published and never computes it again.
     The tasks it was chosen on (its files under ``results/tasks/``) are built here first and must be the same (their
     manifests compared with the folders named relative to the checkout); then its other files are written back (a
-    file already there must have the same bytes), and ``snakemake --touch`` settles their modification times (it
-    creates nothing missing). ``snakemake(targets, *options)`` runs Snakemake in ``root`` and returns the completed
+    file already there must have the same bytes); the other inputs they were made from that the checkout lacks are
+    built (never the jobs that made the published files), and then the published files are dated now, as if made
+    after them (only when something was written or built: else the outputs made from them here since would look
+    out of date). ``snakemake(targets, *options)`` runs Snakemake in ``root`` and returns the completed
     process, its output captured. Returns the paths written; ``RawError`` if the tasks differ or the published
     files would still be computed again."""
     folder, root = Path(folder), Path(root)
@@ -201,11 +214,22 @@ def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[
     others = [e for e in entries if e not in tasks]
     written = write_back(others, root)
     outputs = [meta["source"] for _, _, meta in others]
-    if _dry_rules(snakemake, outputs):
-        snakemake(outputs, "--touch")
-    left = _dry_rules(snakemake, outputs)
+    # the other inputs the choice was made from that this checkout lacks (e.g. the suite it extends): built here,
+    # never the jobs that made the published files themselves
+    upstream = [o for _, outs in _dry_jobs(snakemake, outputs, "--forceall") if not set(outs) & set(outputs)
+                for o in outs if not (root / o).exists()]
+    if upstream:
+        done = snakemake(upstream)
+        if done.returncode:
+            raise RawError(f"building {', '.join(upstream)} failed: "
+                           f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
+    if written or upstream:  # newer than what they were made from (else left alone: see the docstring)
+        now = time.time()
+        for out in outputs:
+            os.utime(root / out, (now, now))
+    left = sorted({rule for rule, _ in _dry_jobs(snakemake, outputs)})
     if left:
-        raise RawError(f"the published {folder.name} would be computed again ({', '.join(sorted(left))}); see "
+        raise RawError(f"the published {folder.name} would be computed again ({', '.join(left)}); see "
                        f"snakemake -n -r {' '.join(outputs)} in {root}")
     return written
 

@@ -253,8 +253,9 @@ def test_power_run_refuses_a_folder_that_is_no_checkout_and_a_bad_stop_time_in_o
                     reason="snakemake not installed")
 def test_a_published_choice_is_put_back_on_the_tasks_built_here_and_never_computed_again(tmp_path, monkeypatch):
     """The extended study's choice (a committed raw folder) on a new machine: the tasks are built here (their manifest
-    names the checkout's absolute path), the choice is written back and marked up to date, so that the evaluation
-    that reads it runs alone; tasks other than the published ones are refused."""
+    names the checkout's absolute path), the choice is written back, the suite it was made from is built, and the
+    choice is marked up to date, so that the evaluation that reads it runs alone; tasks other than the published ones
+    are refused."""
     from analysis.raw import collect
 
     snakefile = """
@@ -266,8 +267,11 @@ rule build:
         os.makedirs(output[0])
         json.dump({"splits": {"report": os.path.abspath(output[0])}, "size": params.size},
                   open(f"{output[0]}/manifest.json", "w"))
+rule suite:
+    output: "results/suite.txt"
+    shell: "echo suite > {output}"
 rule choose:
-    input: "results/tasks/x"
+    input: "results/tasks/x", "results/suite.txt"
     output: "results/ext/tasks.json"
     shell: "echo chosen > {output}"
 rule evaluate:
@@ -294,14 +298,19 @@ rule evaluate:
     collect(["results/ext/tasks.json", "results/tasks/x/manifest.json"], published, "h", "c", repo=first)
     monkeypatch.chdir(tmp_path)
 
-    fresh, run = checkout("fresh")  # a new machine: nothing built, nothing chosen
+    fresh, run = checkout("fresh")  # a new machine: nothing built, nothing chosen, the suite it extends not there
     written = stage.put_back_published(published, fresh, run)
     assert [p.relative_to(fresh).as_posix() for p in written] == ["results/ext/tasks.json"]
+    assert (fresh / "results/suite.txt").is_file()  # built here, after the choice was written back
     assert (fresh / "results/ext/tasks.json").read_text() == "chosen\n"
     dry = run(["results/ext/v/lm_eval.json"], "-n")
     assert {line.split()[1].rstrip(":") for line in dry.stdout.splitlines() if line.startswith("rule ")} == \
         {"evaluate"}
-    assert stage.put_back_published(published, fresh, run) == []  # again: nothing to write
+    assert run(["results/ext/v/lm_eval.json"]).returncode == 0
+    made = (fresh / "results/ext/v/lm_eval.json").stat().st_mtime
+    assert stage.put_back_published(published, fresh, run) == []  # again: nothing to write, nothing redated
+    assert (fresh / "results/ext/tasks.json").stat().st_mtime <= made
+    assert run(["results/ext/v/lm_eval.json"], "-n").stdout.count("rule ") == 0
 
     other, run = checkout("other", "--config", "size=4")  # other tasks: refused, nothing written
     with pytest.raises(RawError, match="differs from the published"):
