@@ -178,11 +178,23 @@ def dry_jobs(text: str) -> list[tuple[str, list[str]]]:
     return jobs
 
 
-def _dry_jobs(snakemake, targets: list[str], *options: str) -> list[tuple[str, list[str]]]:
+def _last_line(done) -> str:
+    return (done.stderr or done.stdout or "no output").strip().splitlines()[-1]
+
+
+def dry_run(snakemake, targets: list[str], *options: str) -> list[tuple[str, list[str]]]:
+    """The jobs (rule, outputs) that ``snakemake(targets, "-n", *options)`` lists; ``RawError`` if the dry run fails.
+    ``snakemake(targets, *options)`` runs Snakemake in a checkout and returns the completed process, output captured."""
     dry = snakemake(targets, "-n", *options)
     if dry.returncode:
-        raise RawError(f"the dry run of {targets[0]} failed: {(dry.stderr or dry.stdout).strip().splitlines()[-1]}")
+        raise RawError(f"the dry run of {targets[0]} failed: {_last_line(dry)}")
     return dry_jobs(dry.stdout)
+
+
+def _build(snakemake, targets: list[str]) -> None:
+    done = snakemake(targets)
+    if done.returncode:
+        raise RawError(f"building {', '.join(targets)} failed: {_last_line(done)}")
 
 
 def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[Path]:
@@ -193,19 +205,15 @@ def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[
     file already there must have the same bytes); the other inputs they were made from that the checkout lacks are
     built (never the jobs that made the published files), and then the published files are dated now, as if made
     after them (only when something was written or built: else the outputs made from them here since would look
-    out of date). ``snakemake(targets, *options)`` runs Snakemake in ``root`` and returns the completed
-    process, its output captured. Returns the paths written; ``RawError`` if the tasks differ or the published
-    files would still be computed again."""
+    out of date). ``snakemake``: as for ``dry_run``, in ``root``. Returns the paths written; ``RawError`` if the
+    tasks differ or the published files would still be computed again."""
     folder, root = Path(folder), Path(root)
     check_intact(folder)
     entries = [(folder, rel, meta) for rel, meta in read_manifest(folder)["files"].items()]
     tasks = [e for e in entries if e[2]["source"].startswith("results/tasks/")]
     built = sorted({meta["source"].rsplit("/", 1)[0] for _, _, meta in tasks})
     if built:
-        done = snakemake(built)
-        if done.returncode:
-            raise RawError(f"building {', '.join(built)} failed: "
-                           f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
+        _build(snakemake, built)
     for top, rel, meta in tasks:
         here = root / meta["source"]
         if _relative(here.read_text()) != _relative(stored_source_bytes(top, rel, meta).decode()):
@@ -216,18 +224,15 @@ def put_back_published(folder: str | Path, root: str | Path, snakemake) -> list[
     outputs = [meta["source"] for _, _, meta in others]
     # the other inputs the choice was made from that this checkout lacks (e.g. the suite it extends): built here,
     # never the jobs that made the published files themselves
-    upstream = [o for _, outs in _dry_jobs(snakemake, outputs, "--forceall") if not set(outs) & set(outputs)
+    upstream = [o for _, outs in dry_run(snakemake, outputs, "--forceall") if not set(outs) & set(outputs)
                 for o in outs if not (root / o).exists()]
     if upstream:
-        done = snakemake(upstream)
-        if done.returncode:
-            raise RawError(f"building {', '.join(upstream)} failed: "
-                           f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
+        _build(snakemake, upstream)
     if written or upstream:  # newer than what they were made from (else left alone: see the docstring)
         now = time.time()
         for out in outputs:
             os.utime(root / out, (now, now))
-    left = sorted({rule for rule, _ in _dry_jobs(snakemake, outputs)})
+    left = sorted({rule for rule, _ in dry_run(snakemake, outputs)})
     if left:
         raise RawError(f"the published {folder.name} would be computed again ({', '.join(left)}); see "
                        f"snakemake -n -r {' '.join(outputs)} in {root}")
