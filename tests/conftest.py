@@ -86,14 +86,7 @@ def collected_profile(raw: Path) -> dict:
     import subprocess
 
     import yaml
-
-    def merge(into: dict, update: dict) -> dict:
-        for key, value in update.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
-        return into
+    from snakemake.utils import update_config  # how Snakemake merges --configfile files
 
     manifest = json.loads((raw / "manifest.json").read_text())
     commit = manifest["collected_at"].split("+")[0]
@@ -104,7 +97,7 @@ def collected_profile(raw: Path) -> dict:
             continue  # not in that commit
         merged = json.loads(json.dumps(base))
         for overlay in overlays:
-            merge(merged, yaml.safe_load(at_collection(raw, overlay)))
+            update_config(merged, yaml.safe_load(at_collection(raw, overlay)))
         if hashlib.sha256(json.dumps(merged, sort_keys=True).encode()).hexdigest()[:12] == manifest["config_hash"]:
             return merged
     raise AssertionError(f"{raw}: no profile at {commit[:12]} (config/config.yaml with the overlays {OVERLAYS}) has "
