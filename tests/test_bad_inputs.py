@@ -190,6 +190,8 @@ CASES = [
          program="snakemake"),
     Case("sheet-missing", [*SNAKE, "{ws}/sheet-missing.yaml", "--", "results/distill/summary.csv"], "not found",
          program="snakemake"),
+    Case("sheet-unknown-row", [*SNAKE, "{ws}/rows-unknown.yaml", "--", "results/distill/summary.csv"],
+         "distill.rows names ['swiftkv-51']", program="snakemake"),
     Case("sheet-bad-kv-heads", [*SNAKE, "{ws}/sheet-kv.yaml", "--", "results/distill/summary.csv"],
          "kv_heads=2 must divide the model's 9 attention heads and 3 KV heads", program="snakemake"),
     Case("config-override-not-a-number", [*SNAKE, "{ws}/empty.yaml", "--config", "distill={tokens: many}", "--",
@@ -301,6 +303,7 @@ def workspace(tmp_path: Path, material: Path) -> Path:
     (ws / "sheet-loss.yaml").write_text(f"distill:\n  variants: {ws / 'loss.tsv'}\n")
     (ws / "sheet-g.yaml").write_text(f"distill:\n  variants: {ws / 'g.tsv'}\n")
     (ws / "sheet-missing.yaml").write_text(f"distill:\n  variants: {ws / 'nowhere.tsv'}\n")
+    (ws / "rows-unknown.yaml").write_text("distill:\n  rows: [swiftkv-50, swiftkv-51]\n")
     (ws / "kv.tsv").write_text((material / "kv.tsv").read_text())
     (ws / "sheet-kv.yaml").write_text(f"distill:\n  variants: {ws / 'kv.tsv'}\n")
     (ws / "empty.yaml").write_text("{}\n")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None, reason="snakemake not installed")
@@ -24,10 +25,15 @@ def test_every_trainable_row_is_a_distill_job():
     out = dry_run("results/distill/summary.csv", "config/ci.yaml", flags=("--forceall",))
     assert out.returncode == 0, out.stderr
     rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
-    expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base")
+    chosen = set(yaml.safe_load((ROOT / "config/ci.yaml").read_text())["distill"]["rows"])  # the profile's rows
+    expected = sum(1 for r in rows if r[0] == "smollm2-135m" and r[1] != "base" and r[1] in chosen)
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if len(line.split()) == 2 and line.split()[1].isdigit()}
-    assert counts["distill_swiftkv"] == expected == 12
+    assert counts["distill_swiftkv"] == expected == 10
+    # the default profile (no distill.rows) trains every row of the sheet
+    full = dry_run("results/distill/summary.csv", "config/config.yaml", flags=("--forceall",))
+    assert full.returncode == 0, full.stderr
+    assert ["distill_swiftkv", "12"] in [line.split() for line in full.stdout.splitlines()], full.stdout[-2000:]
 
 
 @pytest.mark.parametrize(

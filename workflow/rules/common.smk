@@ -149,7 +149,20 @@ def model_layers(model):
     return model_dim(model, "num_hidden_layers")
 
 
-VARIANTS = load_variants(config["distill"]["variants"]) if "distill" in config else None
+def profile_rows(sheet):
+    """The sheet's rows this profile runs: those named in distill.rows (and every model's base row), else all."""
+    rows = config["distill"].get("rows")
+    if rows is None:
+        return sheet
+    unknown = sorted(set(rows) - set(sheet.variant))
+    if unknown:
+        known = sorted(set(sheet[sheet.model.isin(config["distill"]["models"])].variant))
+        stop(f"distill.rows names {unknown}, not rows of {config['distill']['variants']} for distill.models; "
+             f"they are {known}")
+    return sheet[sheet.variant.isin(set(rows) | {"base"})]
+
+
+VARIANTS = profile_rows(load_variants(config["distill"]["variants"])) if "distill" in config else None
 
 
 def distill_targets(wildcards=None):
