@@ -184,8 +184,9 @@ def test_the_extended_rules_in_the_dag():
                   "config/extended-suite.yaml", flags=("-p",))
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
-    # 8 trained rows x 5 seeds, 2 untrained rows, 4 FP8 rows; the base model's native one records boundary states
-    assert counts["eval_extended"] + counts["eval_extended_base"] == 46 and counts["eval_extended_base"] == 1
+    # 8 trained rows x 5 seeds, 2 untrained rows, 4 FP8 rows; the base model's native and FP8 ones record boundary
+    # states (the FP8 ones for the three FP8 students)
+    assert counts["eval_extended"] + counts["eval_extended_base"] == 46 and counts["eval_extended_base"] == 2
     assert counts["eval_extended_selection"] == counts["select_extended_tasks"] == counts["make_extended"] == 1
     assert counts["raw_seeds"] == 1 and counts["raw_table"] == 5  # the power run's folders: the MMLU part's check
     cmds = [line for line in out.stdout.splitlines() if "swiftkv eval results/seeds/" in line and "seed-3" in line

@@ -43,10 +43,10 @@ def test_all_five_tables_in_the_ci_profile():
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
     native = {v for t in ("table2", "table4a", "table4b", "tableB1", "tableB2") for v in sheet_rows(t)}
-    # + the FP8 rows of Table B.1; the base model's native evaluation also records the boundary states
-    assert counts["eval_base_boundary"] == 1
-    assert counts["eval_swiftkv"] + 1 == len(native) + len(sheet_rows("tableB1"))
-    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"] + 1  # each row's held-out measures in their own job
+    # + the FP8 rows of Table B.1; the base model's native and FP8 evaluations also record the boundary states
+    assert counts["eval_base_boundary"] == 2
+    assert counts["eval_swiftkv"] + 2 == len(native) + len(sheet_rows("tableB1"))
+    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"] + 2  # each row's held-out measures in their own job
     assert counts["fidelity_teacher"] == 1  # the teacher's side of the fidelity measure: once for the model
     assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
@@ -54,8 +54,9 @@ def test_all_five_tables_in_the_ci_profile():
 
 def test_students_take_the_base_models_boundary_states():
     """eval.boundary_states: the base model's native evaluation records the stream at every cut of the sheet's
-    SwiftKV rows; each student's native evaluation (the tables' and the seeds study's) reads it; FP8 evaluations
-    neither record nor read; with the key off no job does either."""
+    SwiftKV rows; each student's native evaluation (the tables' and the seeds study's) reads it; the base model's FP8
+    evaluation records the cut of Table B.1's FP8 students, which their FP8 evaluations read; with the key off no job
+    does either."""
     out = dry_run(TABLES + ["results/reports/raw/seeds"], "config/ci.yaml", flags=("-p", "--forceall"))
     assert out.returncode == 0, out.stderr
     evals = [line for line in out.stdout.splitlines() if "swiftkv eval" in line and "--tasks-json" in line
@@ -68,7 +69,14 @@ def test_students_take_the_base_models_boundary_states():
     students = [line for line in evals if "--kv-cache native" in line and line not in base]
     assert students and any("results/seeds/" in line for line in students)
     assert all("--boundary results/boundary/smollm2-135m/base/native " in line for line in students)
-    assert all("boundary" not in line for line in evals if "--kv-cache fp8" in line)
+    fp8_base = [line for line in evals if "--output-dir results/eval/smollm2-135m/base/fp8" in line]
+    fp8_cuts = sorted({int(r[2]) for r in rows if r[0] == "smollm2-135m" and r[1] != "base" and r[1] in CI_ROWS
+                       and "tableB1" in r[-1].split(",")})
+    assert len(fp8_base) == 1 and ("--save-boundary results/boundary/smollm2-135m/base/fp8 --boundary-layers "
+                                   + " ".join(map(str, fp8_cuts))) in fp8_base[0]
+    fp8_students = [line for line in evals if "--kv-cache fp8" in line and line not in fp8_base]
+    assert len(fp8_students) == len(sheet_rows("tableB1")) - 1
+    assert all("--boundary results/boundary/smollm2-135m/base/fp8 " in line for line in fp8_students)
     off = dry_run(TABLES, "config/ci.yaml", flags=("-p", "--forceall", "--config", "eval={'boundary_states': False}"))
     assert off.returncode == 0, off.stderr
     assert "-boundary" not in off.stdout and "eval_base_boundary" not in job_counts(off.stdout)

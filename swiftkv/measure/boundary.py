@@ -10,7 +10,8 @@ student's evaluation can take it instead of running layers < l (``BoundaryStates
 ``norm_swiftkv(h_l)`` for every position and layers >= l for the scored ones.
 
 The states are checked before use: the student's embeddings and layers < l must have the fingerprint the base
-model's had when it recorded them (``frozen_fingerprint``), in the same dtype, with the native KV cache. A segment
+model's had when it recorded them (``frozen_fingerprint``), in the same dtype, with the same KV cache (an FP8 cache
+rounds the K/V of layers < l, so an FP8 student reads states recorded by its base model's FP8 evaluation). A segment
 the record lacks (another tokenizer, another task) is run in full, and the evaluation counts how many forwards took
 recorded states.
 """

@@ -55,8 +55,30 @@ if BOUNDARY:
 
 
 def boundary_input(wildcards, states):
-    """{"boundary": states} for a student's native-cache evaluation when the profile records boundary states."""
-    return {"boundary": states} if BOUNDARY and wildcards.variant != "base" and wildcards.kvcache == "native" else {}
+    """{"boundary": states} for a student's evaluation when the profile records boundary states; ``states`` are the
+    base model's with the evaluation's KV cache (the FP8 cache changes the stream entering l: an FP8 student reads
+    the states its base model's FP8 evaluation recorded)."""
+    return {"boundary": states} if BOUNDARY and wildcards.variant != "base" else {}
+
+
+def recorded_caches(students):
+    """The KV caches whose base-model evaluation records boundary states: native always; FP8 where FP8 students
+    read them (``students``: model -> the students evaluated with the FP8 cache)."""
+    return "native|fp8" if any(students.values()) else "native"
+
+
+def recorded_cuts(wildcards, students, native=None):
+    """The cuts a base-model evaluation records: the native-cache students' (``native``; default every SwiftKV row of
+    the sheet) with the native cache, the FP8 students' with FP8 (every cut where this model has none while another
+    model has some)."""
+    readers = (students.get(wildcards.model) or None) if wildcards.kvcache == "fp8" else native
+    return " ".join(map(str, boundary_cuts(wildcards.model, readers)))
+
+
+def fp8_students(model):
+    """The model's students that the tables evaluate with the FP8 cache (Table B.1's SwiftKV rows)."""
+    return [r["variant"] for r in eval_variant_rows()
+            if r["model"] == model and r["variant"] != "base" and "tableB1" in r["tables"]]
 
 
 def boundary_args(wildcards, input):
@@ -67,7 +89,7 @@ def eval_inputs(wildcards):
     """The benchmark tasks' evaluation: the model (and checkpoint), the task list, the BIG-bench task files and the
     base model's boundary states."""
     inputs = {"model": model_input(wildcards), "tasks": eval_path(wildcards.model, "tasks.json"),
-              **boundary_input(wildcards, f"results/boundary/{wildcards.model}/base/native")}
+              **boundary_input(wildcards, f"results/boundary/{wildcards.model}/base/{wildcards.kvcache}")}
     if wildcards.variant != "base":
         inputs["checkpoint"] = eval_target(wildcards)
     if EVAL["suite"] == "bigbench":
@@ -387,8 +409,10 @@ rule eval_swiftkv:
 
 if BOUNDARY:
 
-    # The base model's native-cache evaluation, as rule eval_swiftkv runs it, that also records its boundary states.
+    # The base model's evaluation, as rule eval_swiftkv runs it, that also records its boundary states: with the
+    # native cache, and with the FP8 cache where Table B.1 has FP8 students.
     ruleorder: eval_base_boundary > eval_swiftkv
+    FP8_STUDENTS = {m: fp8_students(m) for m in EVAL["models"]}
 
     use rule eval_swiftkv as eval_base_boundary with:
         output:
@@ -396,10 +420,10 @@ if BOUNDARY:
             states=directory("results/boundary/{model}/{variant}/{kvcache}"),
         wildcard_constraints:
             variant="base",
-            kvcache="native",
+            kvcache=recorded_caches(FP8_STUDENTS),
         params:
             **{**EVAL_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
-                                                            + " ".join(map(str, boundary_cuts(w.model)))},
+                                                            + recorded_cuts(w, FP8_STUDENTS)},
 
 
 # The teacher's side of the fidelity measure (its final hidden states on the teacher-forced sequences and its greedy

@@ -126,7 +126,7 @@ if EXT:
     def extended_eval_inputs(wildcards):
         inputs = {"model": model_input(wildcards), "tasks": extended_path(wildcards.model, "tasks.json"),
                   "suite": "results/tasks/bigbench", "extended": EXT_BUILD,
-                  **boundary_input(wildcards, extended_states(wildcards.model))}
+                  **boundary_input(wildcards, extended_states(wildcards.model, kvcache=wildcards.kvcache))}
         if wildcards.variant != "base":
             inputs["checkpoint"] = eval_target(wildcards)  # the seed's checkpoint (the tables' at the profile's seed)
         return inputs
@@ -155,9 +155,10 @@ if EXT:
 
     if BOUNDARY:
 
-        # The base model's native-cache evaluation on the extended suite, as rule eval_extended runs it, that also
-        # records its boundary states for the students' evaluations.
+        # The base model's evaluation on the extended suite, as rule eval_extended runs it, that also records its
+        # boundary states for the students' evaluations: native, and FP8 where the study has FP8 students.
         ruleorder: eval_extended_base > eval_extended
+        EXT_FP8_STUDENTS = {m: [v for v in EXT["fp8_variants"] if v != "base"] for m in EXT["models"]}
 
         use rule eval_extended as eval_extended_base with:
             output:
@@ -165,10 +166,10 @@ if EXT:
                 states=directory("results/boundary/{model}/extended-{variant}-seed-{seed}-{kvcache}"),
             wildcard_constraints:
                 variant="base",
-                kvcache="native",
+                kvcache=recorded_caches(EXT_FP8_STUDENTS),
             params:
                 **{**EXTENDED_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} "
-                   "--boundary-layers " + " ".join(map(str, boundary_cuts(w.model, EXT["variants"])))},
+                   "--boundary-layers " + recorded_cuts(w, EXT_FP8_STUDENTS, EXT["variants"])},
 
     def extended_inputs(wildcards):
         inputs = {"lm_eval": [], "selection": [], "tasks": []}
