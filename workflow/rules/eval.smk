@@ -423,7 +423,7 @@ if BOUNDARY:
             kvcache=recorded_caches(FP8_STUDENTS),
         params:
             **{**EVAL_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
-                                                            + recorded_cuts(w, FP8_STUDENTS)},
+                                                            f"{recorded_cuts(w, FP8_STUDENTS)}"},
 
 
 # The teacher's side of the fidelity measure (its final hidden states on the teacher-forced sequences and its greedy
