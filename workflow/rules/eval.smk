@@ -75,10 +75,13 @@ def recorded_cuts(wildcards, students, native=None):
     return " ".join(map(str, boundary_cuts(wildcards.model, readers)))
 
 
+FP8_TABLES = {"tableB1"}  # the tables whose rows are evaluated with the FP8 cache too (table_rows)
+
+
 def fp8_students(model):
-    """The model's students that the tables evaluate with the FP8 cache (Table B.1's SwiftKV rows)."""
+    """The model's students that the tables evaluate with the FP8 cache (the SwiftKV rows of FP8_TABLES)."""
     return [r["variant"] for r in eval_variant_rows()
-            if r["model"] == model and r["variant"] != "base" and "tableB1" in r["tables"]]
+            if r["model"] == model and r["variant"] != "base" and FP8_TABLES & set(r["tables"])]
 
 
 def boundary_args(wildcards, input):
@@ -119,7 +122,7 @@ def eval_fidelity_args(wildcards):
 
 def table_rows(wildcards):
     """(model, variant, kv cache, sheet row) of every row of a table; Table B.1 has each row with both caches."""
-    kvs = ["native", "fp8"] if wildcards.table == "tableB1" else ["native"]
+    kvs = ["native", "fp8"] if wildcards.table in FP8_TABLES else ["native"]
     return [{"model": r["model"], "variant": r["variant"], "kv_cache": kv, "spec": r}
             for r in eval_variant_rows() if wildcards.table in r["tables"] for kv in kvs]
 

@@ -168,8 +168,8 @@ if EXT:
                 variant="base",
                 kvcache=recorded_caches(EXT_FP8_STUDENTS),
             params:
-                **{**EXTENDED_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
-                   f"{recorded_cuts(w, EXT_FP8_STUDENTS, EXT['variants'])}"},
+                **{**EXTENDED_PARAMS, "boundary": lambda w, output: f"--save-boundary {output.states} "
+                   f"--boundary-layers {recorded_cuts(w, EXT_FP8_STUDENTS, EXT['variants'])}"},
 
     def extended_inputs(wildcards):
         inputs = {"lm_eval": [], "selection": [], "tasks": []}
