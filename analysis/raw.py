@@ -54,10 +54,8 @@ DEFAULT_PROFILE = "default"  # the profile whose runs are the evidence of record
 # The raw folders the workflow's raw_* rules write (and a reports root may hold), besides the archive.
 STUDIES = ("flops", "simscore", "forward_time", "distill_curve", "table2", "table4a", "table4b", "tableB1", "tableB2",
            "seeds", "lr_sweep", "budget_scaling", "advisor", "long_context", "served_fidelity", "suite",
+           "extended_selection", "extended_suite",
            *(f"serving/{s}" for s in ("throughput", "latency", "kv-limit", "sharegpt")))
-# Raw folders of the studies an overlay profile adds to the default one (config/extended-suite.yaml: rules
-# raw_extended_selection and raw_extended), published beside those above.
-OVERLAY_STUDIES = ("extended_selection", "extended_suite")
 # The raw folder each table of a reports root is rendered from (the workflow's rules; analysis.reproduce).
 TABLE_RAW = {"table1": "flops", "table_kv_memory": "flops", "simscore_crossings": "simscore",
              **{t: t for t in ("table2", "table4a", "table4b", "tableB1", "tableB2")}, "seeds": "seeds",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.raw import ARCHIVE, ARCHIVE_KINDS, MANIFEST, OVERLAY_STUDIES, STUDIES, read_manifest, verify
+from analysis.raw import ARCHIVE, ARCHIVE_KINDS, MANIFEST, STUDIES, read_manifest, verify
 
 
 def folders(reports: str | Path) -> list[Path]:
@@ -76,7 +76,7 @@ def layout_problems(reports: str | Path) -> list[str]:
         if rel.parts[0] == ARCHIVE:
             if len(rel.parts) != 3 or rel.parts[1] not in ARCHIVE_KINDS:
                 problems.append(f"{rel.as_posix()}: the archive holds {kinds} only")
-        elif rel.as_posix() not in STUDIES + OVERLAY_STUDIES:
+        elif rel.as_posix() not in STUDIES:
             problems.append(f"{rel.as_posix()}: not a raw folder of the evidence (one of the workflow's studies); "
                             f"superseded and pilot folders go under {kinds}, work in progress is not committed")
         problems += [f"{rel.as_posix()}/{key}: doubled folder name" for key in read_manifest(root)["files"]

@@ -180,8 +180,7 @@ def test_the_mmlu_part_is_checked_against_the_power_runs_evaluations(tmp_path):
 
 
 def test_the_extended_rules_in_the_dag():
-    out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml",
-                  "config/extended-suite.yaml", flags=("-p",))
+    out = dry_run(["results/reports/extended_suite.csv"], "config/config.yaml", flags=("-p",))
     assert out.returncode == 0, out.stderr
     counts = job_counts(out.stdout)
     # 8 trained rows x 5 seeds, 2 untrained rows, 4 FP8 rows; the base model's native and FP8 ones record boundary
@@ -196,15 +195,14 @@ def test_the_extended_rules_in_the_dag():
     build = next(line for line in out.stdout.splitlines() if "swiftkv bigbench build" in line
                  and "bigbench-extended" in line)
     assert "--selection-examples 1000 --report-examples 1000" in build and "mmlu/" not in build
-    choice = dry_run(["results/reports/raw/extended_selection"], "config/config.yaml",
-                     "config/extended-suite.yaml")
+    choice = dry_run(["results/reports/raw/extended_selection"], "config/config.yaml")
     assert choice.returncode == 0, choice.stderr
     assert "eval_extended" not in job_counts(choice.stdout)  # the choice is collected before any student is scored
-    from analysis.raw import OVERLAY_STUDIES, RUN
+    from analysis.raw import RUN, STUDIES
 
-    # the overlay's raw folders are those the layout check accepts beside the default profile's
-    # (analysis.raw_summary.layout_problems)
+    # the study's raw folders are among those the layout check accepts (analysis.raw_summary.layout_problems)
     assert job_counts(choice.stdout)["raw_extended_selection"] == counts["raw_extended"] == 1
-    assert all(f"output: {RUN}/raw/{s}" in out.stdout + choice.stdout for s in OVERLAY_STUDIES)
-    default = dry_run(["results/reports/claims.csv"])
-    assert default.returncode == 0 and "eval_extended" not in job_counts(default.stdout)  # null: no study
+    assert all(f"output: {RUN}/raw/{s}" in out.stdout + choice.stdout for s in ("extended_selection", "extended_suite"))
+    assert {"extended_selection", "extended_suite"} <= set(STUDIES)
+    default = dry_run(["results/reports/claims.csv"], "config/config.yaml")
+    assert default.returncode == 0 and job_counts(default.stdout)["make_extended"] == 1  # the claims' second reading

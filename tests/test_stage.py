@@ -243,7 +243,11 @@ def test_power_run_refuses_a_folder_that_is_no_checkout_and_a_bad_stop_time_in_o
     out = subprocess.run([sys.executable, script, "--study", "extended", "--checkout", str(tmp_path), "--dry-run"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    assert "is not a checkout with config/extended-suite.yaml (the extended study's profile)" in out.stderr
+    assert "config/config.yaml) has no extended_suite block (the extended study's settings)" in out.stderr
+    (tmp_path / "config" / "extended-suite.yaml").write_text("extended_suite: null\n")
+    out = subprocess.run([sys.executable, script, "--study", "extended", "--checkout", str(tmp_path), "--dry-run"],
+                         capture_output=True, text=True)  # an overlay that leaves it out still has none
+    assert out.returncode == 2 and "has no extended_suite block" in out.stderr
     out = subprocess.run([sys.executable, script, "--checkout", str(ROOT), "--stop-at", "25h", "--dry-run"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give a UTC time as HH:MM" in out.stderr
