@@ -347,14 +347,14 @@ def evaluate(reports: str | Path, registry: str | Path = REGISTRY, commit: str =
     return frame
 
 
-def counts_text(frame) -> str:
+def counts_text(frame, what: str = "registered claims") -> str:
     """The claims of reports/claims.csv counted by status and verdict, with their ids (failing ones first)."""
     order = [(DECIDED, FAILS), (PROVISIONAL, FAILS), (DECIDED, HOLDS), (PROVISIONAL, HOLDS)]
     groups = {key: list(g.id) for key, g in frame.groupby(["status", "verdict"], sort=False)}
     keys = order + [k for k in groups if k not in order]
     parts = [f"{len(groups[k])} {k[0]}{'' if k[0] == AWAITING else ' and ' + k[1]} ({', '.join(groups[k])})"
              for k in keys if k in groups]
-    return f"{len(frame)} registered claims: " + "; ".join(parts) + "."
+    return f"{len(frame)} {what}: " + "; ".join(parts) + "."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,3 +198,43 @@ def mmlu_agreement(raw: str | Path, power_raws: list[str | Path], models: list[d
             rows.append(rec)
     return pd.DataFrame(rows, columns=["model", "variant", "seed", "kv_cache", "power_run", "tasks", "questions",
                                        "only_one", "score_differs", "largest_ll_difference"])
+
+
+# -- the README's section (analysis.readme) ---------------------------------------------------------------------------
+
+
+def extended_markdown(summary: pd.DataFrame, agreement: pd.DataFrame | None = None,
+                      labels: dict[str, str] | None = None) -> str:
+    """``<root>/extended_suite.csv`` as the README's table (the suite, then per row its average, difference from the
+    base model and minimum detectable difference), with the MMLU part's agreement with the power run, counted per
+    KV cache from ``agreement.csv``."""
+    from analysis.seeds import _ci
+
+    labels = labels or {}
+    parts = []
+    for model, rows in summary.groupby("model", sort=False):
+        suite = rows[rows.row == "suite"].iloc[0]
+        tasks, fixed = int(suite.tasks), int(suite.fixed_tasks)
+        benchmarks = str(suite.benchmark_list).split()
+        parts.append(f"{model}: {tasks} tasks ({fixed} of the power run's suite, {tasks - fixed} added by the suite "
+                     f"rule) in {len(benchmarks)} benchmarks ({', '.join(benchmarks)}), "
+                     f"{int(suite.report_examples):,} report examples; the average is the mean over benchmarks, "
+                     f"MMLU's subjects one benchmark. 95% intervals over training seeds and report examples.\n")
+        lines = ["| row | seeds | average (%) | Δ vs base | minimum detectable Δ vs base |", "|---|---|---|---|---|"]
+        for _, r in rows[rows.row != "suite"].iterrows():
+            r = r.to_dict()
+            seeds = str(r["seeds"])
+            seeds = seeds if seeds == "untrained" else str(len(seeds.split()))
+            mdd = "" if pd.isna(r["mdd_base"]) else f"{r['mdd_base']:.1f}"
+            lines.append(f"| {labels.get(r['row'], r['row'])} | {seeds} | {_ci(r, 'average')} | "
+                         f"{_ci(r, 'delta_base', signed=True)} | {mdd} |")
+        parts.append("\n".join(lines) + "\n")
+    if agreement is not None and len(agreement):
+        said = []
+        for kv, g in agreement.groupby("kv_cache", sort=False):
+            said.append(f"{kv} KV cache, {len(g)} row-seeds: {int(g.questions.sum()):,} question scores compared, "
+                        f"{int(g.only_one.sum())} in one run only, {int(g.score_differs.sum())} scored differently, "
+                        f"largest log-likelihood difference {g.largest_ll_difference.max():.2g}")
+        parts.append("The MMLU part scored again against the power run's evaluations of the same checkpoints "
+                     "(extended_suite/agreement.csv): " + "; ".join(said) + ".\n")
+    return "\n".join(parts)

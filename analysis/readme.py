@@ -104,7 +104,13 @@ def _disagreements(root: Path, labels: Labels) -> str:
 def _claim_counts(root: Path, labels: Labels) -> str:
     from analysis.claims import counts_text
 
-    return counts_text(pd.read_csv(root / "claims.csv"))
+    claims = pd.read_csv(root / "claims.csv")
+    text = counts_text(claims)
+    if "extended_verdict" in claims and claims.extended_verdict.notna().any():  # the second reading, never replacing
+        second = claims[claims.extended_verdict.notna()]
+        second = second.assign(status=second.extended_status, verdict=second.extended_verdict)
+        text += "\n\n" + counts_text(second, "of them read a second time on the extended suite (MMLU + OLMES)")
+    return text
 
 
 def _table2(root: Path, labels: Labels) -> str:
@@ -118,6 +124,13 @@ def _seeds(root: Path, labels: Labels) -> str:
     from analysis.seeds import seeds_markdown
 
     return seeds_markdown(pd.read_csv(root / "seeds.csv"), labels.variants)
+
+
+def _extended(root: Path, labels: Labels) -> str:
+    from analysis.extended import FOLDER, extended_markdown
+
+    return extended_markdown(pd.read_csv(root / "extended_suite.csv"), pd.read_csv(root / FOLDER / "agreement.csv"),
+                             labels.variants)
 
 
 def _lr_sweep(root: Path, labels: Labels) -> str:
@@ -186,6 +199,8 @@ SECTIONS: list[tuple[str, str, tuple[str, ...], Make]] = [
     ("claims", "The claims, counted", ("claims.csv",), _claim_counts),
     ("table-2", "Table 2: accuracy", ("table2.csv",), _table2),
     ("seeds", "Training seeds", ("seeds.csv",), _seeds),
+    ("extended-suite", "The extended suite: MMLU + OLMES", ("extended_suite.csv", "extended_suite/agreement.csv"),
+     _extended),
     ("lr-sweep", "Learning rate per training scope", ("lr_sweep.csv",), _lr_sweep),
     ("budget-scaling", "Budget scaling", ("budget_scaling.csv",), _budget_scaling),
     ("distillation-curve", "Distillation curve", ("raw/distill_curve",), _distill_curve),

@@ -206,3 +206,26 @@ def test_the_extended_rules_in_the_dag():
     assert {"extended_selection", "extended_suite"} <= set(STUDIES)
     default = dry_run(["results/reports/claims.csv"], "config/config.yaml")
     assert default.returncode == 0 and job_counts(default.stdout)["make_extended"] == 1  # the claims' second reading
+
+
+def test_the_readme_section_states_the_suite_every_row_and_the_mmlu_agreement():
+    from analysis.extended import extended_markdown
+
+    summary = pd.DataFrame([
+        {"model": MODEL, "row": "suite", "tasks": 3, "fixed_tasks": 2, "benchmarks": 2, "report_examples": 1234,
+         "benchmark_list": "mmlu olmes/piqa", "seeds": None},
+        {"model": MODEL, "row": "base", "seeds": "untrained", "average": 40.0, "average_lo": 39.0, "average_hi": 41.0},
+        {"model": MODEL, "row": "swiftkv-50", "seeds": "0 1 2", "average": 38.0, "average_lo": 37.0,
+         "average_hi": 39.0, "delta_base": -2.0, "delta_base_lo": -2.5, "delta_base_hi": -1.5, "mdd_base": 1.25}])
+    agreement = pd.DataFrame([
+        {"kv_cache": "native", "questions": 10, "only_one": 0, "score_differs": 0, "largest_ll_difference": 1e-5},
+        {"kv_cache": "native", "questions": 10, "only_one": 1, "score_differs": 0, "largest_ll_difference": 2e-5},
+        {"kv_cache": "fp8", "questions": 10, "only_one": 0, "score_differs": 2, "largest_ll_difference": 0.3}])
+    text = extended_markdown(summary, agreement, {"swiftkv-50": "SwiftKV 50%"})
+    assert "3 tasks (2 of the power run's suite, 1 added by the suite rule) in 2 benchmarks (mmlu, olmes/piqa)" in text
+    assert "1,234 report examples" in text
+    assert "| Base (teacher) |" not in text and "| base | untrained | 40.0 [39.0, 41.0] |  |  |" in text
+    assert "| SwiftKV 50% | 3 | 38.0 [37.0, 39.0] | −2.0 [−2.5, −1.5] | 1.2 |" in text
+    assert ("native KV cache, 2 row-seeds: 20 question scores compared, 1 in one run only, 0 scored differently, "
+            "largest log-likelihood difference 2e-05; fp8 KV cache, 1 row-seeds: 10 question scores compared, 0 in one "
+            "run only, 2 scored differently, largest log-likelihood difference 0.3.") in text

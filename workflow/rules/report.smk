@@ -22,6 +22,8 @@ REPORT_SECTIONS = [  # (title, artifact, caption): the page's order; captions ar
     ("Table B.1: FP8 KV cache", "tableB1.csv", "accuracy_table.rst"),
     ("Table B.2: MQA vs AcrossKV", "tableB2.csv", "accuracy_table.rst"),
     *([("Training seeds", "seeds.csv", "seeds.rst")] if SEEDS else []),  # profiles with the studies
+    *([("The extended suite: MMLU + OLMES, every compared row", "extended_suite.csv", "extended_suite.rst")]
+      if EXT else []),
     *([("Learning rate per training scope", "lr_sweep.csv", "lr_sweep.rst")] if LR_SWEEP else []),
     *([("Budget scaling", "figure_budget_scaling.png", "budget_scaling.rst"),
        ("Budget scaling: every number", "budget_scaling.csv", "budget_scaling.rst")] if SCALING else []),
@@ -85,7 +87,8 @@ def report_inputs(wildcards):
     paths.update(registry=f"{root}/claims.csv", provenance=f"{root}/provenance.json",
                  forward_time=f"{root}/raw/forward_time")
     return {**paths, "captions": sorted({caption for _, _, caption in report_sections(root)}),
-            "seeds_raw": [f"{root}/raw/seeds"] if SEEDS else []}
+            "seeds_raw": [f"{root}/raw/seeds"] if SEEDS else [],
+            "extended_agreement": [f"{root}/{EXT_FOLDER}/agreement.csv"] if EXT else []}
 
 
 from analysis.readme import DEFAULT_TITLE as README_DEFAULT_TITLE  # the committed page's (python -m analysis.readme)
@@ -157,6 +160,9 @@ rule write_provenance:
     input:
         claims=f"{RUN}/claims.csv",
         vllm_env=vllm_env_input,
+        # the extended suite's task choice, which no table reads (its students' evaluations do): collected with the
+        # run's other raw folders, whose summary lists it
+        extended_selection=[f"{RUN}/raw/extended_selection"] if EXT else [],
     output:
         f"{RUN}/provenance.json",
     log:
