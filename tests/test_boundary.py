@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _lm(model, monkeypatch, **kwargs) -> SwiftKVLM:
-    # rows of 24 positions, two rows a forward: rows hold several segments and forwards several rows
+    # rows of 24 positions, two rows a forward: rows hold several questions and forwards several rows
     monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
     return SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, device="cpu",
                      positions_per_forward=64, **kwargs)
@@ -63,8 +63,8 @@ def test_a_student_given_its_bases_boundary_states_scores_as_it_does_alone(famil
 
 
 @torch.no_grad()
-def test_the_recorder_writes_shards_and_stores_each_segment_once(tmp_path, monkeypatch):
-    """Shards are written as the states grow (here after every forward), a segment met again is not stored twice,
+def test_the_recorder_writes_shards_and_stores_each_row_once(tmp_path, monkeypatch):
+    """Shards are written as the states grow (here after every forward), a row met again is not stored twice,
     and a student reads across every shard."""
     monkeypatch.setattr("swiftkv.measure.boundary.SHARD_BYTES", 1)
     base = tiny_base()
@@ -72,12 +72,12 @@ def test_the_recorder_writes_shards_and_stores_each_segment_once(tmp_path, monke
     recorder = BoundaryRecorder(base, [2], tmp_path / "b")
     lm = _lm(base, monkeypatch, boundary_recorder=recorder)
     lm._loglikelihood_tokens(reqs, disable_tqdm=True)
-    first = recorder.segments
-    lm._loglikelihood_tokens(reqs, disable_tqdm=True)  # the same segments again: nothing new to store
+    first = recorder.rows
+    lm._loglikelihood_tokens(reqs, disable_tqdm=True)  # the same rows again: nothing new to store
     recorder.save()
     states = BoundaryStates.load(tmp_path / "b")
     shards = states.meta["shards"]["2"]
-    assert len(shards) == lm.forwards // 2 > 1 and recorder.segments == first >= lm.forwards // 2
+    assert len(shards) == lm.forwards // 2 > 1 and recorder.rows == first >= lm.forwards // 2
     student = convert_to_swiftkv(tiny_base(), 2)
     given = _lm(student, monkeypatch, boundary=states)
     assert given._loglikelihood_tokens(reqs, disable_tqdm=True) == \
@@ -86,7 +86,7 @@ def test_the_recorder_writes_shards_and_stores_each_segment_once(tmp_path, monke
 
 
 @torch.no_grad()
-def test_segments_the_record_lacks_run_in_full(tmp_path, monkeypatch):
+def test_rows_the_record_lacks_run_in_full(tmp_path, monkeypatch):
     base = tiny_base()
     _record(base, tmp_path / "b", [2], monkeypatch, reqs=requests(seed=0))
     student = convert_to_swiftkv(tiny_base(), 2)

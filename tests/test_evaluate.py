@@ -99,46 +99,75 @@ def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, mon
     assert [g[1] for g in got] == [w[1] for w in want]
 
 
-def test_a_group_past_the_forward_limit_is_split_into_segments():
-    """``_segments``: a group within the limit stays one segment; one past it (lm-eval's rolling windows share a
-    one-token context) is cut, in order, into segments of at most ``limit`` positions, each with the context; a
-    continuation longer than the limit alone is a segment of its own; every request lands in exactly one segment."""
-    from swiftkv.measure.lm import _segments
+def test_the_prefix_tree_runs_each_shared_prefix_once_per_row():
+    """``plan_rows``: questions that share their instructions share those positions in a row; every node a request
+    scores is kept exactly once; every row holds each node's ancestors before it, and its mask lets a node see exactly
+    its ancestors and itself."""
+    from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays
 
-    mc = (tuple(range(2, 12)), [(0, [20]), (1, [21, 22]), (2, [23])])  # 10 + 0 + 1 + 0 positions
-    rolling = ((1,), [(3, list(range(2, 12))), (4, list(range(2, 9))), (5, list(range(2, 40))), (6, [7, 8])])
-    got = list(_segments(dict([mc, rolling]), limit=15))
-    assert got[0] == mc
-    assert [[r for r, _ in conts] for _, conts in got[1:]] == [[3], [4], [5], [6]]  # 1 + 9 + 6 = 16 > 15
-    assert all(ctx == (1,) for ctx, _ in got[1:])
-    got = list(_segments(dict([rolling]), limit=16))
-    assert [[r for r, _ in conts] for _, conts in got] == [[3, 4], [5], [6]]
-    assert [len(ctx) + sum(len(c) - 1 for _, c in conts) for ctx, conts in got] == [16, 38, 2]  # 38: request 5 alone
+    tree = PrefixTree()
+    header = list(range(2, 12))  # shared by every question
+    scored = set()
+    for q in range(12):
+        end = tree.insert(header + [100 + 10 * q + k for k in range(6)])[-1]
+        for choice in ([40], [41, 42], [41, 43]):  # two choices share their first token
+            scored.update([end] + tree.insert(choice[:-1], end))
+    assert len(tree) - 1 == 12 * (len(header) + 6 + 1) - 11 * len(header)  # the header once, [41] once per question
+    forwards = list(plan_rows(tree, scored, width=24, max_positions=48, score_budget=1000, attention_cost=1 / 3456))
+    rows = [row for rows in forwards for row in rows]
+    kept = [row.nodes[c] for row in rows for c in row.scored]
+    assert sorted(kept) == sorted(scored)
+    assert len(rows) > 1 and all(len(rows) * max(len(r.nodes) for r in rows) <= 48 for rows in forwards)
+    assert sum(len(row.nodes) for row in rows) == len(tree) - 1 + (len(rows) - 1) * len(header)  # a header per row
+    for rows in forwards:
+        ids, positions, mask = row_arrays(tree, rows)
+        for r, row in enumerate(rows):
+            for col, node in enumerate(row.nodes):
+                sees = {row.nodes[k] for k in range(len(row.nodes)) if mask[r, 0, col, k]}
+                assert sees == set(tree.ancestors(node)) | {node}
+                assert positions[r, col] == tree.depth[node] - 1 and ids[r, col] == tree.token[node]
+
+
+def test_a_long_shared_context_stays_in_one_row_rather_than_copied_per_row():
+    """A subtree wider than a row whose ancestors are long (a long question with long choices) is one unit in a wider
+    row when copying the ancestors per row would cost more; with short ancestors it is cut into rows."""
+    from swiftkv.measure.prefix_tree import PrefixTree, units
+
+    tree = PrefixTree()
+    end = tree.insert(list(range(2, 202)))[-1]  # a 200-token context
+    for k in range(4):
+        tree.insert([300 + k] * 30, end)  # four 30-token choices
+    size = tree.sizes()
+    (unit,) = units(tree, size, 64, 1024, 1 / 3456)  # the whole question in one row of 320
+    assert tree.depth[unit] - 1 + size[unit] == 320
+    tree = PrefixTree()
+    end = tree.insert([2, 3])[-1]  # a 2-token context
+    for k in range(4):
+        tree.insert([300 + k] * 30, end)
+    assert len(units(tree, tree.sizes(), 64, 1024, 1 / 3456)) == 4  # one choice a unit, rows of 64
 
 
 @pytest.mark.parametrize("kind", ["base", "student"])
 @torch.no_grad()
 def test_rolling_windows_sharing_one_token_are_packed_in_rows_no_wider_than_a_forward(kind, monkeypatch):
-    """Rolling log-likelihood windows all share lm-eval's one-token context. Their group is split into segments of
-    at most positions_per_forward positions (one segment of every window made rows as wide as all the windows
-    together, whose attention costs width**2), and every log-likelihood still equals a direct forward."""
-    from swiftkv.measure.lm import _segments
-
+    """Rolling log-likelihood windows all share lm-eval's one-token context. The windows go into rows of at most
+    positions_per_forward positions, each with the shared token (one row of every window was as wide as all the
+    windows together, whose attention costs width**2), and every log-likelihood still equals a direct forward."""
     model = MODELS[kind](tiny_base())
     monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), max_length=40, device="cpu", positions_per_forward=48)
     gen = torch.Generator().manual_seed(3)
     reqs = [(None, [1], torch.randint(2, TINY["vocab_size"], (n,), generator=gen).tolist())
             for n in (30, 9, 21, 14, 5, 27, 17, 11)]  # 134 scored positions behind one shared context
-    widths = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    shapes = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(k["input_ids"].shape), with_kwargs=True)
     try:
         got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
     finally:
         hook.remove()
-    assert lm.last_path == "packed" and max(widths) <= 48 and lm.forwards >= 3
-    segments = len(list(_segments({(1,): [(i, c) for i, (_, _, c) in enumerate(reqs)]}, 48)))
-    assert segments > 1 and lm.tokens_run == {"context": segments, "continuation": 134 - len(reqs)}
+    assert lm.last_path == "packed" and max(w for _, w in shapes) <= 48 and lm.forwards >= 3
+    assert lm.tokens_run["context"] == sum(r for r, _ in shapes) > 1  # the shared token, once a row
+    assert lm.tokens_run["continuation"] == 134 - len(reqs)  # every other position once
     want = [direct_loglikelihood(model, c, t, 40) for _, c, t in reqs]
     assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
     assert [g[1] for g in got] == [w[1] for w in want]
@@ -332,22 +361,25 @@ def test_tasks_rebuilt_from_a_record_ask_the_recorded_requests(tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-def test_packed_batches_keep_their_logits_within_the_budget(monkeypatch):
-    """Every packed batch holds rows x (the most scored positions of a row) <= the logits budget, and every segment
-    once, whatever the mix of long and short segments."""
+def test_packed_forwards_keep_their_logits_within_the_budget():
+    """Every packed forward holds rows x (the most scored positions of a row) <= the logits budget, and every scored
+    node once, whatever the mix of long and short questions."""
+    from swiftkv.measure.prefix_tree import PrefixTree, plan_rows
+
     model = tiny_base()
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), device="cpu", positions_per_forward=1024,
-                   logits_budget_bytes=8 * TINY["vocab_size"] * 300)  # 300 scored positions a batch
+                   logits_budget_bytes=8 * TINY["vocab_size"] * 300)  # 300 scored positions a forward
     gen = torch.Generator().manual_seed(0)
-    groups = {}
+    tree, scored = PrefixTree(), set()
     for k in range(60):
-        ctx = tuple(torch.randint(2, 90, (int(torch.randint(2, 40, (1,), generator=gen)),), generator=gen).tolist())
-        groups[ctx + (k,)] = [(k, [5] * int(torch.randint(1, 30, (1,), generator=gen)))]
-    batches = list(lm._packed_batches(groups))
-    assert lm._position_budget() == 300 and len(batches) > 1 and max(len(rows) for rows in batches) > 1
+        ctx = torch.randint(2, 90, (int(torch.randint(2, 40, (1,), generator=gen)),), generator=gen).tolist() + [k]
+        end = tree.insert(ctx)[-1]
+        scored.update([end] + tree.insert([5] * (int(torch.randint(1, 30, (1,), generator=gen)) - 1), end))
+    forwards = list(plan_rows(tree, scored, width=256, max_positions=1024, score_budget=lm._position_budget(),
+                              attention_cost=1 / 3456))
+    assert lm._position_budget() == 300 and len(forwards) > 1 and max(len(rows) for rows in forwards) > 1
     seen = []
-    for rows in batches:
-        scored = [sum(1 + sum(len(c) - 1 for _, c in conts) for _, conts in row) for row in rows]
-        assert len(rows) * max(scored) <= 300
-        seen += [ctx for row in rows for ctx, _ in row]
-    assert sorted(seen) == sorted(groups)
+    for rows in forwards:
+        assert len(rows) * max(len(row.scored) for row in rows) <= 300
+        seen += [row.nodes[c] for row in rows for c in row.scored]
+    assert sorted(seen) == sorted(scored)

@@ -269,7 +269,7 @@ def add_parsers(sub) -> None:
                    "head runs, its layers do not; the numbers are the same")
     p.add_argument("--save-boundary", default=None, metavar="DIR",
                    help="a base model: also record the stream entering each of --boundary-layers for every packed "
-                   "segment, for its SwiftKV students' --boundary (docs/evaluation.md)")
+                   "row, for its SwiftKV students' --boundary (docs/evaluation.md)")
     p.add_argument("--boundary-layers", type=positive_int, nargs="+", default=None, metavar="L",
                    help="the cuts l to record (the students' num_key_value_layers)")
     p.add_argument("--boundary", default=None, metavar="DIR",

@@ -2,18 +2,20 @@
 every SwiftKV student of that base.
 
 A student's layers < l (and its embeddings) are the base model's, frozen by distillation, so the stream entering
-layer l of every position it scores is the base model's too. The packed scorer (``swiftkv.measure.lm``) runs each
-segment (a context and its continuations) the same way for every model, so the base model's evaluation can record,
-per segment, the stream entering each layer l that the profile's students cut at (``BoundaryRecorder``), and a
-student's evaluation can take it instead of running layers < l (``BoundaryStates``; the model reads it from
-``given_boundary``, ``swiftkv.models.common``). What is left for the student is its own part: K/V from
+layer l of every position it scores is the base model's too. The packed scorer (``swiftkv.measure.lm``) lays the same
+requests out in the same rows for every model of one shape (``swiftkv.measure.prefix_tree``), so the base model's
+evaluation can record, per packed row, the stream entering each layer l that the profile's students cut at
+(``BoundaryRecorder``), and a student's evaluation can take it instead of running layers < l (``BoundaryStates``; the
+model reads it from ``given_boundary``, ``swiftkv.models.common``). A row is keyed by what decides each column's
+output: its tokens, positions and which column each one sees (``prefix_tree.row_key``). What is left for the student
+is its own part: K/V from
 ``norm_swiftkv(h_l)`` for every position and layers >= l for the scored ones.
 
 The states are checked before use: the student's embeddings and layers < l must have the fingerprint the base
 model's had when it recorded them (``frozen_fingerprint``), in the same dtype, with the same KV cache (an FP8 cache
-rounds the K/V of layers < l, so an FP8 student reads states recorded by its base model's FP8 evaluation). A segment
-the record lacks (another tokenizer, another task) is run in full, and the evaluation counts how many forwards took
-recorded states.
+rounds the K/V of layers < l, so an FP8 student reads states recorded by its base model's FP8 evaluation). A forward
+with a row the record lacks (another tokenizer, another task) is run in full, and the evaluation counts how many
+forwards took recorded states.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from swiftkv.errors import SwiftKVError
 
 BOUNDARY_KIND = "boundary states"
 BOUNDARY_META = "boundary.json"
-BOUNDARY_FORMAT = 1
+BOUNDARY_FORMAT = 2  # 2: keyed per packed row of the prefix tree (1: per segment, a context and its continuations)
 SHARD_BYTES = 256 * 2**20  # a shard file is written when the states held reach this size
 
 
@@ -75,15 +77,8 @@ def frozen_fingerprint(model: torch.nn.Module, layer: int) -> str:
     return frozen_fingerprints(model, [layer])[layer]
 
 
-def segment_key(context, continuations) -> str:
-    """A packed segment's identity: its context and continuations, token by token, in order."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps([list(context), [list(c) for c in continuations]]).encode())
-    return digest.hexdigest()
-
-
 class BoundaryRecorder:
-    """Records, for the base model's packed forwards, the stream entering each of ``layers``, per segment, into shard
+    """Records, for the base model's packed forwards, the stream entering each of ``layers``, per row, into shard
     files under ``folder`` (``save`` writes the metadata). Use ``arm`` around one forward, then ``take``."""
 
     def __init__(self, model: torch.nn.Module, layers, folder: str | Path, kv_cache: str = "native"):
@@ -102,7 +97,7 @@ class BoundaryRecorder:
         self._bytes = 0
         self._shards: dict[int, list[str]] = {x: [] for x in self.layers}
         self._captured: dict[int, torch.Tensor] = {}
-        self._recorded: set[str] = set()  # every segment recorded so far (a segment met again is not stored twice)
+        self._recorded: set[str] = set()  # every row recorded so far (a row met again is not stored twice)
 
     def arm(self):
         """Hooks that keep the input of each recorded layer for the next forward; remove them after it."""
@@ -116,11 +111,11 @@ class BoundaryRecorder:
         return [layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in self.layers]
 
     @property
-    def segments(self) -> int:
+    def rows(self) -> int:
         return len(self._recorded)
 
     def take(self, layout) -> None:
-        """After the forward: ``layout`` is [(row, first column, end column, segment key)]."""
+        """After the forward: ``layout`` is [(row, first column, end column, row key)]."""
         new = [(row, start, end, key) for row, start, end, key in dict((k[3], k) for k in layout).values()
                if key not in self._recorded]
         for x in self.layers:
@@ -218,12 +213,12 @@ class BoundaryStates:
 def boundary_forward(lm, layout, shape):
     """Around one packed forward of ``lm`` (a ``swiftkv.measure.lm.SwiftKVLM``): record the base model's boundary
     states (``lm.boundary_recorder``), or give a student the recorded ones (``lm.boundary``) when the folder holds every
-    segment of this forward, else let it run in full. ``layout``: [(row, first column, end column, context,
-    continuations)]; ``shape``: the forward's (rows, width)."""
+    row of this forward, else let it run in full. ``layout``: [(row, first column, end column, row key)];
+    ``shape``: the forward's (rows, width)."""
     if lm.boundary_recorder is None and lm.boundary is None:
         yield
         return
-    keyed = [(r, start, end, segment_key(ctx, [c for _, c in conts])) for r, start, end, ctx, conts in layout]
+    keyed = layout
     if lm.boundary_recorder is not None:
         hooks = lm.boundary_recorder.arm()
         try:

@@ -215,11 +215,11 @@ def evaluate_model(
             result["swiftkv"]["boundary"] = {"path": str(boundary.path), "layer": lm.boundary_layer,
                                              "forwards": dict(lm.boundary_forwards)}
             if lm.boundary_forwards["run"]:
-                logger.warning("boundary states: %d of %d forwards ran in full (segments the folder lacks)",
+                logger.warning("boundary states: %d of %d forwards ran in full (rows the folder lacks)",
                                lm.boundary_forwards["run"], sum(lm.boundary_forwards.values()))
         if boundary_recorder is not None:
             result["swiftkv"]["boundary_recorded"] = {"layers": boundary_recorder.layers,
-                                                      "segments": boundary_recorder.segments}
+                                                      "rows": boundary_recorder.rows}
         if (boundary is not None or boundary_recorder is not None) and lm.last_path != "packed":
             logger.warning("boundary states: none %s, since the requests were scored by the %s path (the packed "
                            "scorer needs sdpa or eager attention and no request past a sliding window)",

@@ -2,19 +2,19 @@
 
 ``SwiftKVLM`` is lm-eval's ``HFLM`` with two changes, neither visible in the scores:
 
-- **log-likelihoods with each context run once.** HFLM runs every (context, continuation) pair as one sequence and
-  keeps the continuation's logits. We run each distinct context once and score all of its continuations against it,
-  and ask the model only for the logits that are scored (a SwiftKV student then runs every other context position
+- **log-likelihoods with each shared prefix run once.** HFLM runs every (context, continuation) pair as one sequence
+  and keeps the continuation's logits. We run each distinct context once and score all of its continuations against
+  it, and ask the model only for the logits that are scored (a SwiftKV student then runs every other context position
   through layers < l only: the paper's prefill skip). Two scorers do this:
 
-  * ``packed`` (the default): a context and all its continuations (less each one's last token) form one segment;
-    segments are packed into rows with a 4D attention mask (each continuation sees the whole context and its own
-    earlier tokens, positions restart after the context), so one forward scores many questions with no padding
-    to speak of and no copies of the context's K/V. Needs a dense-mask attention (sdpa, eager).
+  * ``packed`` (the default): every request's positions go into one prefix tree (``swiftkv.measure.prefix_tree``),
+    so what requests share (a question's context across its choices, a task's instructions across its questions,
+    the first tokens of choices that begin alike) is one node; the tree is cut into rows of whole subtrees with
+    their ancestors, packed into forwards with a 4D attention mask in which each position sees exactly its
+    ancestors. Needs a dense-mask attention (sdpa, eager).
   * ``chunked``: a prefill of the contexts (left padded, ``logits_to_keep=1``), then the continuations as padded
     batches against a copy of each context's cache. Any attention kernel; the fallback for the packed one.
 
-  Multiple-choice questions share their context across choices, so both also save the repeated context.
   Log-likelihoods equal a full forward's (tested on tiny random models of every family, teacher and student).
 - **KV-cache variants**: ``kv_cache="fp8"`` runs every forward (and ``generate``) with an FP8 fake-quant cache
   (``swiftkv.models.kvquant``), for the paper's Table B.1.
@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
 from swiftkv.errors import SwiftKVError
 from swiftkv.measure.boundary import boundary_forward
+from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays, row_key
 from swiftkv.models.kvquant import make_cache_factory
 
 logger = logging.getLogger(__name__)
@@ -127,16 +128,16 @@ class SwiftKVLM(HFLM):
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="loglikelihood (shared contexts)")
         if path == "packed":
-            batches, score = self._packed_batches(groups), self._score_packed
+            answers = self._score_tree(groups)
         else:
-            batches, score = self._context_batches(groups, override_bs), self._score_batch
-        for batch in batches:
-            for i, answer in score(batch):
-                results[i] = answer
-                request_str = requests[i][0]
-                if request_str is not None:
-                    self.cache_hook.add_partial("loglikelihood", request_str, answer)
-                bar.update(1)
+            batches = self._context_batches(groups, override_bs)
+            answers = (answer for batch in batches for answer in self._score_batch(batch))
+        for i, answer in answers:
+            results[i] = answer
+            request_str = requests[i][0]
+            if request_str is not None:
+                self.cache_hook.add_partial("loglikelihood", request_str, answer)
+            bar.update(1)
         bar.close()
         return results
 
@@ -154,86 +155,97 @@ class SwiftKVLM(HFLM):
             return "packed"
         return "chunked"
 
-    def _packed_batches(self, groups):
-        """Segments (a context, then its continuations but each one's last token; ``_segments``), longest first,
-        placed first-fit into rows of one width; a batch closes when another row would pass ``positions_per_forward``
-        positions or its scored positions would pass the logits budget."""
-        max_positions, budget = self.positions_per_forward, self._position_budget()
-        segments = sorted(_segments(groups, max_positions),
-                          key=lambda g: -(len(g[0]) + sum(len(c) - 1 for _, c in g[1])))
-        rows: list[list] = []  # [used, scored, segments]
-        width = 0
-        for ctx, conts in segments:
-            length = len(ctx) + sum(len(c) - 1 for _, c in conts)
-            scored = 1 + sum(len(c) - 1 for _, c in conts)
-            # a batch's logits are (rows x the most scored positions of a row): that product stays within budget
-            row = next((r for r in rows if r[0] + length <= width and (r[1] + scored) * len(rows) <= budget), None)
-            if row is None:
-                most_scored = max([scored] + [r[1] for r in rows])
-                if rows and ((len(rows) + 1) * width > max_positions or (len(rows) + 1) * most_scored > budget):
-                    yield [r[2] for r in rows]
-                    rows = []
-                if not rows:
-                    width = max(length, min(PACK_WIDTH, max_positions))
-                row = [0, 0, []]
-                rows.append(row)
-            row[0] += length
-            row[1] += scored
-            row[2].append((ctx, conts))
-        if rows:
-            yield [r[2] for r in rows]
+    def _score_tree(self, groups):
+        """The packed scorer: every request's positions in one prefix tree (``swiftkv.measure.prefix_tree``), each
+        distinct prefix run once per row, rows packed into forwards; yields (request, answer) as each completes."""
+        tree = PrefixTree()
+        plans = []  # (request, continuation, the node predicting each of its tokens)
+        needs: dict[int, set[int]] = defaultdict(set)  # node -> the tokens it is asked to predict
+        continuation_nodes: set[int] = set()
+        for ctx, conts in groups.items():
+            end = tree.insert(ctx)[-1]
+            for i, cont in conts:
+                path = tree.insert(cont[:-1], end)
+                continuation_nodes.update(path)
+                nodes = [end] + path
+                plans.append((i, cont, nodes))
+                for node, token in zip(nodes, cont):
+                    needs[node].add(token)
+        waiting: dict[int, list[int]] = defaultdict(list)  # node -> plans that still need it
+        left = []
+        for p, (_, _, nodes) in enumerate(plans):
+            distinct = set(nodes)
+            left.append(len(distinct))
+            for node in distinct:
+                waiting[node].append(p)
+        picked: dict[tuple[int, int], torch.Tensor] = {}  # (node, token) -> log-probability (0-dim fp32)
+        best: dict[int, int] = {}
+        config = self.model.config
+        attention_cost = 1.0 / (6 * config.hidden_size)  # per key, relative to a position's other work (about 12 h^2)
+        forwards = plan_rows(tree, set(needs), width=max(1, min(PACK_WIDTH, self.positions_per_forward)),
+                             max_positions=self.positions_per_forward, score_budget=self._position_budget(),
+                             attention_cost=attention_cost)
+        for rows in forwards:
+            for node, (logp, argmax) in self._run_rows(tree, rows, needs, continuation_nodes).items():
+                picked.update(logp)
+                best[node] = argmax
+                for p in waiting.pop(node, ()):
+                    left[p] -= 1
+                    if left[p] == 0:
+                        i, cont, nodes = plans[p]
+                        values = torch.stack([picked[(n, t)] for n, t in zip(nodes, cont)])
+                        yield i, (float(values.sum()), all(best[n] == t for n, t in zip(nodes, cont)))
 
     @torch.no_grad()
-    def _score_packed(self, rows):
-        """One forward over packed rows: ids, positions and a 4D mask per row, logits only where they are scored."""
+    def _run_rows(self, tree, rows, needs, continuation_nodes):
+        """One forward over packed rows; per scored node: ({(node, token): log-probability}, argmax)."""
         device = self.device
-        width = max(sum(len(ctx) + sum(len(c) - 1 for _, c in conts) for ctx, conts in row) for row in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        positions = torch.zeros(len(rows), width, dtype=torch.long)
-        segment = torch.full((len(rows), width), -1, dtype=torch.long)  # padding: a segment of its own
-        branch = torch.zeros(len(rows), width, dtype=torch.long)  # 0: context; j: continuation j of its segment
-        keep_lists, plans = [], []  # per row: scored columns; per request: (row, [indices into that row's keep])
-        layout = []  # (row, first column, end column, segment) of every segment: boundary states
-        for r, row in enumerate(rows):
-            col, keep = 0, []
-            for s, (ctx, conts) in enumerate(row):
-                n = len(ctx)
-                layout.append((r, col, col + n + sum(len(c) - 1 for _, c in conts), ctx, conts))
-                ids[r, col:col + n] = torch.tensor(ctx)
-                positions[r, col:col + n] = torch.arange(n)
-                segment[r, col:col + n] = s
-                last = len(keep)
-                keep.append(col + n - 1)  # predicts the first token of every continuation
-                col += n
-                for j, (i, cont) in enumerate(conts, start=1):
-                    tail = len(cont) - 1
-                    ids[r, col:col + tail] = torch.tensor(cont[:-1], dtype=torch.long)
-                    positions[r, col:col + tail] = n + torch.arange(tail)
-                    segment[r, col:col + tail] = s
-                    branch[r, col:col + tail] = j
-                    plans.append((i, cont, r, [last] + list(range(len(keep), len(keep) + tail))))
-                    keep.extend(range(col, col + tail))
-                    col += tail
-                self.tokens_run["context"] += n
-                self.tokens_run["continuation"] += sum(len(c) - 1 for _, c in conts)
-            keep_lists.append(keep)
-        n_keep = max(len(k) for k in keep_lists)
-        keep = torch.tensor([k + [k[-1]] * (n_keep - len(k)) for k in keep_lists], dtype=torch.long)
-        mask = packed_mask(segment, branch)
+        ids, positions, mask = (torch.from_numpy(a) for a in row_arrays(tree, rows))
+        if is_student(self.model) and self.prefill_skip:
+            # (R, N) positions: the student's prefill skip runs only these past layer l (short rows repeat their last)
+            keep_lists = [row.scored or [0] for row in rows]
+            n_keep = max(len(k) for k in keep_lists)
+            keep = torch.tensor([k + [k[-1]] * (n_keep - len(k)) for k in keep_lists], dtype=torch.long)
+            flat = [r * n_keep + j for r, row in enumerate(rows) for j in range(len(row.scored))]
+        else:
+            # a (R, W) boolean mask: logits of exactly the scored columns, flattened (no row's padding projected)
+            keep = torch.zeros(ids.shape, dtype=torch.bool)
+            for r, row in enumerate(rows):
+                keep[r, row.scored] = True
+            flat = list(range(int(keep.sum())))
+        for row in rows:
+            run = sum(1 for n in row.nodes if n in continuation_nodes)
+            self.tokens_run["continuation"] += run
+            self.tokens_run["context"] += len(row.nodes) - run
         if self.model.config._attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
+        layout = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
         with boundary_forward(self, layout, ids.shape), self._autocast():
             out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                              cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
         self.forwards += 1
-        logits = out.logits.float()  # R,N,V
-        norm = torch.logsumexp(logits, dim=-1)  # R,N: log-softmax is logits - norm, without an R,N,V copy
-        best = logits.argmax(dim=-1)  # R,N
-        for i, cont, r, index in plans:
-            index = torch.tensor(index, device=logits.device)
-            target = torch.tensor(cont, device=logits.device)
-            picked = logits[r, index].gather(-1, target[:, None]).squeeze(-1) - norm[r, index]
-            yield i, (float(picked.sum()), bool((best[r, index] == target).all()))
+        logits = out.logits.float().reshape(-1, out.logits.shape[-1])  # (R*N or S), V
+        where, targets = [], []  # (flat index, node) and the token asked of it, for every scored column
+        k = 0
+        for row in rows:
+            for col in row.scored:
+                node = row.nodes[col]
+                for token in needs[node]:
+                    where.append((flat[k], node))
+                    targets.append(token)
+                k += 1
+        index = torch.tensor([p for p, _ in where], device=logits.device)
+        picked_logits = logits[index, torch.tensor(targets, device=logits.device)]
+        scored = logits[torch.tensor(flat, device=logits.device)] if len(flat) < logits.shape[0] else logits
+        norm = torch.logsumexp(scored, dim=-1)  # log-softmax is logits - norm, without a copy of the logits
+        argmax = scored.argmax(dim=-1).tolist()
+        row_of = {p: i for i, p in enumerate(flat)}  # flat index -> index into norm / argmax
+        values = (picked_logits - norm[torch.tensor([row_of[p] for p, _ in where], device=logits.device)]).cpu()
+        out_nodes: dict[int, tuple[dict, int]] = {}
+        for (p, node), token, value in zip(where, targets, values):
+            entry = out_nodes.setdefault(node, ({}, argmax[row_of[p]]))
+            entry[0][(node, token)] = value
+        return out_nodes
 
     def _position_budget(self) -> int:
         """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
@@ -346,33 +358,7 @@ class SwiftKVLM(HFLM):
 
 PAD_SLACK = 4  # positions of padding per row that are cheaper than another forward
 SCORERS = ("packed", "chunked")
-PACK_WIDTH = 256  # positions per packed row unless a segment is longer (attention costs width**2 per row)
-
-
-def packed_mask(segment: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    """(R, 1, W, W) boolean mask, True where query q may attend to key k: same segment, k <= q, and k in the context
-    (branch 0) or in q's own continuation. Padding (segment -1) attends among itself, so no row is empty."""
-    order = torch.arange(segment.shape[1])
-    same = segment[:, :, None] == segment[:, None, :]
-    causal = order[None, :, None] >= order[None, None, :]
-    own = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
-    return (same & causal & own)[:, None]
-
-
-def _segments(groups, limit: int):
-    """A context and its continuations as segments of at most ``limit`` positions (or one continuation, if that alone
-    is longer): a group past the limit (lm-eval's rolling windows all share a one-token context) is split into several
-    segments, each with its own copy of the context, so that no packed row, whose attention costs width**2, grows to
-    the whole group. Groups within the limit (multiple-choice questions) stay one segment."""
-    for ctx, conts in groups.items():
-        chunk, length = [], len(ctx)
-        for request, cont in conts:
-            if chunk and length + len(cont) - 1 > limit:
-                yield ctx, chunk
-                chunk, length = [], len(ctx)
-            chunk.append((request, cont))
-            length += len(cont) - 1
-        yield ctx, chunk
+PACK_WIDTH = 256  # positions per packed row unless a unit and its ancestors are longer (attention costs width**2 a row)
 
 
 def _wasteful(length: int, width: int) -> bool:
