@@ -9,8 +9,9 @@ questions ... about anatomy.\\n\\nQuestion:"). ``PrefixTree`` holds each distinc
 A row holds whole subtrees ("units") and the ancestors they need, each node once. A unit is a subtree of at most
 ``width`` nodes, or a larger one whose ancestors are too long to copy into one row per ``width`` nodes: the extra
 attention of a wider row (its cost grows with the row's width) is weighed against the copies of the ancestors. Units
-go, in depth-first order, first-fit into the rows of the current forward, so that rows share their ancestors; a node
-that two rows need is run in both (at the same position, with the same result) and scored where it first ran.
+go, siblings together and largest first, first-fit into the rows of the current forward, so that rows share their
+ancestors (a short lookahead fills room that would be padding); a node that two rows need is run in both (at the same
+position, with the same result) and scored where it first ran.
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ class PrefixTree:
 
 
 def units(tree: PrefixTree, size: list[int], width: int, max_positions: int, attention_cost: float) -> list[int]:
-    """The subtrees that rows are made of, siblings together (largest first), in depth-first order of their parents:
-    a node's subtree is a unit when it has at most
-    ``width`` nodes, or when it fits one forward and copying its ancestors into each extra row of ``width`` would
-    cost more positions than the row's extra width costs in attention (``attention_cost``: a position's attention per
-    key, relative to the rest of its forward)."""
+    """The subtrees that rows are made of, siblings together (largest first), in depth-first order of their parents.
+    A node's subtree is a unit when it has at most ``width`` nodes, or when it fits one forward and copying its
+    ancestors into each extra row of ``width`` would cost more positions than the row's extra width costs in attention
+    (``attention_cost``: a position's attention per key, relative to the rest of its forward)."""
+
     def is_unit(node: int) -> bool:
         ancestors, n = tree.depth[node] - 1, size[node]
         row = ancestors + n
