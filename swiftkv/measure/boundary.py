@@ -8,8 +8,7 @@ evaluation can record, per packed row, the stream entering each layer l that the
 (``BoundaryRecorder``), and a student's evaluation can take it instead of running layers < l (``BoundaryStates``; the
 model reads it from ``given_boundary``, ``swiftkv.models.common``). A row is keyed by what decides each column's
 output: its tokens, positions and which column each one sees (``prefix_tree.row_key``). What is left for the student
-is its own part: K/V from
-``norm_swiftkv(h_l)`` for every position and layers >= l for the scored ones.
+is its own part: K/V from ``norm_swiftkv(h_l)`` for every position and layers >= l for the scored ones.
 
 The states are checked before use: the student's embeddings and layers < l must have the fingerprint the base
 model's had when it recorded them (``frozen_fingerprint``), in the same dtype, with the same KV cache (an FP8 cache
@@ -218,7 +217,6 @@ def boundary_forward(lm, layout, shape):
     if lm.boundary_recorder is None and lm.boundary is None:
         yield
         return
-    keyed = layout
     if lm.boundary_recorder is not None:
         hooks = lm.boundary_recorder.arm()
         try:
@@ -226,15 +224,15 @@ def boundary_forward(lm, layout, shape):
         finally:
             for hook in hooks:
                 hook.remove()
-        lm.boundary_recorder.take(keyed)
+        lm.boundary_recorder.take(layout)
         return
-    states = [lm.boundary.get(lm.boundary_layer, key) for *_, key in keyed]
+    states = [lm.boundary.get(lm.boundary_layer, key) for *_, key in layout]
     if any(x is None for x in states):
         lm.boundary_forwards["run"] += 1
         yield
         return
     given = torch.zeros(*shape, lm.model.config.hidden_size, dtype=states[0].dtype)
-    for (r, start, end, _), x in zip(keyed, states):
+    for (r, start, end, _), x in zip(layout, states):
         given[r, start:end] = x
     decoder = lm.model.get_decoder()
     decoder.given_boundary = given.to(lm.device)

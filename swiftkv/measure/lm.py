@@ -186,9 +186,10 @@ class SwiftKVLM(HFLM):
                              max_positions=self.positions_per_forward, score_budget=self._position_budget(),
                              attention_cost=attention_cost)
         for rows in forwards:
-            for node, (logp, argmax) in self._run_rows(tree, rows, needs, continuation_nodes).items():
-                picked.update(logp)
-                best[node] = argmax
+            logp, argmax = self._run_rows(tree, rows, needs, continuation_nodes)
+            picked.update(logp)
+            best.update(argmax)
+            for node in argmax:
                 for p in waiting.pop(node, ()):
                     left[p] -= 1
                     if left[p] == 0:
@@ -198,7 +199,7 @@ class SwiftKVLM(HFLM):
 
     @torch.no_grad()
     def _run_rows(self, tree, rows, needs, continuation_nodes):
-        """One forward over packed rows; per scored node: ({(node, token): log-probability}, argmax)."""
+        """One forward over packed rows: ({(node, token): log-probability}, {node: argmax}) of every scored node."""
         device = self.device
         ids, positions, mask = (torch.from_numpy(a) for a in row_arrays(tree, rows))
         if is_student(self.model) and self.prefill_skip:
@@ -225,27 +226,17 @@ class SwiftKVLM(HFLM):
                              cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
         self.forwards += 1
         logits = out.logits.float().reshape(-1, out.logits.shape[-1])  # (R*N or S), V
-        where, targets = [], []  # (flat index, node) and the token asked of it, for every scored column
-        k = 0
-        for row in rows:
-            for col in row.scored:
-                node = row.nodes[col]
-                for token in needs[node]:
-                    where.append((flat[k], node))
-                    targets.append(token)
-                k += 1
-        index = torch.tensor([p for p, _ in where], device=logits.device)
-        picked_logits = logits[index, torch.tensor(targets, device=logits.device)]
-        scored = logits[torch.tensor(flat, device=logits.device)] if len(flat) < logits.shape[0] else logits
-        norm = torch.logsumexp(scored, dim=-1)  # log-softmax is logits - norm, without a copy of the logits
-        argmax = scored.argmax(dim=-1).tolist()
-        row_of = {p: i for i, p in enumerate(flat)}  # flat index -> index into norm / argmax
-        values = (picked_logits - norm[torch.tensor([row_of[p] for p, _ in where], device=logits.device)]).cpu()
-        out_nodes: dict[int, tuple[dict, int]] = {}
-        for (p, node), token, value in zip(where, targets, values):
-            entry = out_nodes.setdefault(node, ({}, argmax[row_of[p]]))
-            entry[0][(node, token)] = value
-        return out_nodes
+        norm = torch.logsumexp(logits, dim=-1)  # log-softmax is logits - norm, without a copy of the logits
+        argmax = logits.argmax(dim=-1).tolist()
+        asked, best = [], {}  # (flat index, node, token) for every token a scored node is asked to predict
+        scored_nodes = (row.nodes[col] for row in rows for col in row.scored)
+        for p, node in zip(flat, scored_nodes):
+            best[node] = argmax[p]
+            asked.extend((p, node, token) for token in needs[node])
+        index = torch.tensor([p for p, _, _ in asked], device=logits.device)
+        targets = torch.tensor([t for _, _, t in asked], device=logits.device)
+        values = (logits[index, targets] - norm[index]).cpu()
+        return {(node, token): v for (_, node, token), v in zip(asked, values)}, best
 
     def _position_budget(self) -> int:
         """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""

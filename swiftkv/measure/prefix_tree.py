@@ -95,9 +95,10 @@ def units(tree: PrefixTree, size: list[int], width: int, max_positions: int, att
     while stack:
         node = stack.pop()
         children = list(tree.children[node].values())
+        unit = {c: is_unit(c) for c in children}
         # siblings that are units, largest first (first-fit decreasing: fuller rows), then the others' units
-        out.extend(sorted((c for c in children if is_unit(c)), key=lambda c: -size[c]))
-        stack.extend(reversed([c for c in children if not is_unit(c)]))
+        out.extend(sorted((c for c in children if unit[c]), key=lambda c: -size[c]))
+        stack.extend(reversed([c for c in children if not unit[c]]))
     return out
 
 
