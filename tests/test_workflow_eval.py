@@ -46,7 +46,8 @@ def test_all_five_tables_in_the_ci_profile():
     # + the FP8 rows of Table B.1; the base model's native and FP8 evaluations also record the boundary states
     assert counts["eval_base_boundary"] == 2
     assert counts["eval_swiftkv"] + 2 == len(native) + len(sheet_rows("tableB1"))
-    assert counts["heldout_swiftkv"] == counts["eval_swiftkv"] + 2  # each row's held-out measures in their own job
+    # each row's held-out measures in their own job; the base model's also record its states of the bits-per-byte task
+    assert counts["heldout_base_boundary"] == 2 and counts["heldout_swiftkv"] == counts["eval_swiftkv"]
     assert counts["fidelity_teacher"] == 1  # the teacher's side of the fidelity measure: once for the model
     assert counts["make_table"] == counts["raw_table"] == 5  # each table from its own raw folder
     assert counts["eval_selection_split"] == counts["select_bigbench_tasks"] == 1
@@ -81,6 +82,32 @@ def test_students_take_the_base_models_boundary_states():
     assert off.returncode == 0, off.stderr
     assert "-boundary" not in off.stdout and "eval_base_boundary" not in job_counts(off.stdout)
     assert "eval_swiftkv" in job_counts(off.stdout)
+
+
+def test_students_heldout_bits_per_byte_take_the_base_models_boundary_states():
+    """The held-out bits per byte too: the base model's held-out job records the states of that task at the cuts and
+    caches its evaluation records them at, each student's held-out job reads them; the seeds study's fidelity-only
+    jobs (no task) take none; with the key off no held-out job does either."""
+    out = dry_run(TABLES + ["results/reports/raw/seeds"], "config/ci.yaml", flags=("-p", "--forceall"))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "swiftkv eval" in line and "--heldout " in line]
+    ppl = [line for line in lines if "--task sharegpt_heldout_ppl" in line]
+    rows = [r.split("\t") for r in (ROOT / "config/variants.tsv").read_text().splitlines()[1:]]
+    mine = [r for r in rows if r[0] == "smollm2-135m" and r[1] != "base" and r[1] in CI_ROWS]
+    for kv, cuts in (("native", {int(r[2]) for r in mine}),
+                     ("fp8", {int(r[2]) for r in mine if "tableB1" in r[-1].split(",")})):
+        base = [line for line in ppl if f"--output-dir results/eval/smollm2-135m/base/{kv} " in line]
+        assert len(base) == 1 and (f"--save-boundary results/boundary-heldout/smollm2-135m/base/{kv} "
+                                   f"--boundary-layers {' '.join(map(str, sorted(cuts)))} ") in base[0]
+        students = [line for line in ppl if f"--kv-cache {kv} " in line and line not in base]
+        assert students and all(f"--boundary results/boundary-heldout/smollm2-135m/base/{kv} " in line
+                                for line in students)
+    fidelity_only = [line for line in lines if "sharegpt_heldout_ppl" not in line]
+    assert fidelity_only and not any("boundary" in line for line in fidelity_only)
+    off = dry_run(TABLES, "config/ci.yaml", flags=("-p", "--forceall", "--config", "eval={'boundary_states': False}"))
+    assert off.returncode == 0, off.stderr
+    assert "-boundary" not in off.stdout and "heldout_base_boundary" not in job_counts(off.stdout)
+    assert "heldout_swiftkv" in job_counts(off.stdout)
 
 
 def test_boundary_states_for_a_model_without_students_are_refused(tmp_path):

@@ -110,6 +110,13 @@ def heldout_inputs(wildcards):
     return inputs
 
 
+def heldout_ppl_inputs(wildcards):
+    """heldout_inputs, and the base model's boundary states of the bits-per-byte task (its rolling log-likelihoods
+    score every position, so a student that takes them skips its layers < l on all of them)."""
+    return {**heldout_inputs(wildcards),
+            **boundary_input(wildcards, f"results/boundary-heldout/{wildcards.model}/base/{wildcards.kvcache}")}
+
+
 def eval_include_args(wildcards, input):
     return f"--include-path {input.bigbench}/report" if EVAL["suite"] == "bigbench" else ""
 
@@ -370,7 +377,7 @@ EVAL_SHELL = (
 HELDOUT_SHELL = (
     "swiftkv eval {params.target} --base {params.base} {params.ppl} --heldout {input.ppl}/conversations.jsonl"
     " --kv-cache {wildcards.kvcache} {params.fidelity} --fidelity-teacher {input.fteacher}"
-    " --batch-size {params.batch} --dtype {params.dtype}"
+    " --batch-size {params.batch} --dtype {params.dtype} {params.boundary}"
     " --threads {threads} --output-dir {params.outdir} --lm-eval-name heldout.json > {log} 2>&1"
 )
 
@@ -389,7 +396,7 @@ EVAL_PARAMS = dict(outdir=output_dir, target=eval_target, base=model_source, inc
 def heldout_params(ppl):
     """HELDOUT_SHELL's params; ``ppl``: the bits-per-byte task's arguments, or "" for the fidelity only."""
     return dict(outdir=output_dir, target=eval_target, base=model_source, ppl=ppl, fidelity=eval_fidelity_args,
-                batch=EVAL["batch_size"], dtype=DTYPE)
+                batch=EVAL["batch_size"], dtype=DTYPE, boundary=boundary_args)
 
 
 rule eval_swiftkv:
@@ -457,7 +464,7 @@ rule fidelity_teacher:
 
 rule heldout_swiftkv:
     input:
-        unpack(heldout_inputs),
+        unpack(heldout_ppl_inputs),
     output:
         heldout="results/eval/{model}/{variant}/{kvcache}/heldout.json",
         fidelity="results/eval/{model}/{variant}/{kvcache}/fidelity.json",
@@ -472,6 +479,27 @@ rule heldout_swiftkv:
     threads: ALL_CORES
     shell:
         HELDOUT_SHELL
+
+
+if BOUNDARY:
+
+    # The base model's held-out measures, as rule heldout_swiftkv runs them, that also record the boundary states of
+    # the bits-per-byte task at the same cuts and caches as eval_base_boundary: each student's held-out job reads
+    # them and runs only its layers >= l there (~40 s of a SwiftKV 50 % row's ~120 s of bits per byte, 2 threads).
+    ruleorder: heldout_base_boundary > heldout_swiftkv
+
+    use rule heldout_swiftkv as heldout_base_boundary with:
+        output:
+            heldout="results/eval/{model}/{variant}/{kvcache}/heldout.json",
+            fidelity="results/eval/{model}/{variant}/{kvcache}/fidelity.json",
+            states=directory("results/boundary-heldout/{model}/{variant}/{kvcache}"),
+        wildcard_constraints:
+            variant="base",
+            kvcache=recorded_caches(FP8_STUDENTS),
+        params:
+            **{**heldout_params(heldout_ppl_args),
+               "boundary": lambda w, output: f"--save-boundary {output.states} --boundary-layers "
+                                             f"{recorded_cuts(w, FP8_STUDENTS)}"},
 
 
 # -- tables ---------------------------------------------------------------------------------------------------------
