@@ -65,6 +65,8 @@ CASES = [
          "holds a distilled SwiftKV student"),
     Case("convert-onto-teacher-cache", ["convert", "plain", "-l", "2", "-o", "cache"], "holds a teacher cache"),
     Case("fidelity-teacher-onto-teacher-cache", ["fidelity-teacher", "plain", "-o", "cache"], "holds a teacher cache"),
+    Case("fidelity-teacher-boundary-not-a-cut", ["fidelity-teacher", "plain", "--boundary-layers", "0", "-o", "ft"],
+         "0 is not a positive integer"),
     Case("eval-fidelity-teacher-not-one", ["eval", "student", "--base", "plain", "--fidelity-teacher", "foreign",
                                            "--output-dir", "out"], "foreign is not a fidelity teacher"),
     Case("eval-boundary-not-one", ["eval", "student", "--task", "x", "--boundary", "foreign", "--output-dir", "out"],

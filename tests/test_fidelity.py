@@ -118,6 +118,69 @@ def test_the_teacher_computed_once_gives_the_same_numbers(family, tmp_path):
     assert direct["kl"] > 0  # the FP8 case: the teacher's side is really compared
 
 
+@pytest.mark.parametrize("cut,group", [(2, 1), (1, 3)])
+@torch.no_grad()
+def test_a_student_takes_the_teachers_boundary_states(family, cut, group, tmp_path, caplog):
+    """``teacher_outputs(..., boundary_layers=)`` keeps the stream entering each cut; a student at a kept cut whose
+    layers < l are the teacher's takes it (its layers < l never run teacher-forced) and every number equals its own
+    run; with the FP8 cache, or layers < l of another base model, it runs them itself (and says why)."""
+    from swiftkv.errors import SwiftKVError
+    from swiftkv.measure.fidelity import TeacherOutputs, teacher_forced, teacher_outputs
+
+    teacher, tok = tiny_base(family), tiny_tokenizer()
+    settings = FidelitySettings(num_sequences=5, max_tokens=24, num_prompts=3, max_prompt_tokens=40, new_tokens=5,
+                                batch_size=2)
+    teacher_outputs(teacher, tok, conversations(), settings, progress=False,
+                    boundary_layers=[1, 2]).save(tmp_path / "ft")
+    cached = TeacherOutputs.load(tmp_path / "ft")
+    assert sorted(cached.boundary) == [1, 2] and [len(b) for b in cached.boundary.values()] == [3, 3]
+    student = convert_to_swiftkv(tiny_base(family), cut, group)
+    direct = measure_fidelity(teacher, student, tok, conversations(), settings, progress=False)
+    given = measure_fidelity(teacher, student, tok, conversations(), settings, progress=False, cached=cached)
+    assert direct["boundary_layer"] is None and given["boundary_layer"] == cut
+    assert given["greedy_rows"] == direct["greedy_rows"]
+    for key in ("kl_sum", "top1_agree", "tokens"):
+        assert [r[key] for r in given["teacher_forced"]] == pytest.approx([r[key] for r in direct["teacher_forced"]],
+                                                                         rel=1e-5, abs=1e-6)
+    assert direct["kl"] > 0  # an untrained student: the comparison is not between equal models
+    seqs = [[3 + i, 9, 14, 7 + i, 30, 2] for i in range(5)]
+    ran = []
+    hooks = [layer.register_forward_hook(lambda *a: ran.append(1)) for layer in student.model.layers[:cut]]
+    try:
+        teacher_forced(teacher, student, seqs[:2], 2, progress=False,
+                       student_boundary=[teacher_outputs_stream(teacher, seqs[:2], cut)])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert not ran  # teacher-forced, the student's layers < l never ran
+    with caplog.at_level("WARNING"):
+        fp8 = measure_fidelity(teacher, student, tok, conversations(), settings, make_cache_factory("fp8"),
+                               progress=False, cached=cached)
+        other = convert_to_swiftkv(tiny_base(family, seed=7), cut, group)
+        elsewhere = measure_fidelity(teacher, other, tok, conversations(), settings, progress=False, cached=cached)
+    assert fp8["boundary_layer"] is None and elsewhere["boundary_layer"] is None
+    assert "native KV cache" in caplog.text and f"layers < {cut}" in caplog.text
+    assert measure_fidelity(teacher, teacher, tok, conversations(), settings, progress=False,
+                            cached=cached)["boundary_layer"] is None
+    with pytest.raises(SwiftKVError, match="not cuts of a"):
+        teacher_outputs(teacher, tok, conversations(), settings, progress=False, boundary_layers=[0])
+
+
+def teacher_outputs_stream(teacher, seqs, cut):
+    """The stream entering layer ``cut`` of ``teacher`` on the right-padded batch ``seqs`` (a forward hook)."""
+    from swiftkv.measure.fidelity import _pad
+
+    kept = []
+    hook = teacher.get_decoder().layers[cut].register_forward_pre_hook(
+        lambda m, args, kwargs: kept.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    try:
+        ids, mask = _pad(seqs, 0, "right")
+        teacher.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False)
+    finally:
+        hook.remove()
+    return kept[0]
+
+
 @torch.no_grad()
 def test_a_fidelity_teacher_for_other_settings_weights_or_sequences_is_refused(tmp_path):
     from swiftkv.errors import SwiftKVError

@@ -159,11 +159,17 @@ def cmd_fidelity_teacher(args) -> None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype, args.device), resources=args.resources)
     model.to(args.device).eval()
+    if args.boundary_layers:
+        from swiftkv.measure.boundary import check_cuts
+
+        check_cuts(model, args.boundary_layers)  # (1 .. L-1) before the held-out sample is read
     conversations = read_conversations(args.heldout) if args.heldout else heldout_sample()
-    out = teacher_outputs(model, tokenizer, conversations, _fidelity_settings(args), progress=not args.no_progress)
+    out = teacher_outputs(model, tokenizer, conversations, _fidelity_settings(args), progress=not args.no_progress,
+                          boundary_layers=args.boundary_layers or ())
     out.save(args.output, args.overwrite)
+    states = f", the stream entering layers {' '.join(map(str, sorted(out.boundary)))}" if out.boundary else ""
     print(f"{args.output}: {out.key['sequences']} teacher-forced sequences in {len(out.hidden)} batches, "
-          f"{len(out.greedy)} greedy continuations ({out.key['dtype']})")
+          f"{len(out.greedy)} greedy continuations{states} ({out.key['dtype']})")
 
 
 def _add_fidelity_args(p) -> None:
@@ -288,12 +294,17 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("fidelity-teacher", help="the teacher's side of the fidelity measure, computed once per base "
                        "model", description="Runs MODEL (the base model, a student's teacher) over the fidelity "
                        "measure's teacher-forced sequences and generation prompts, as swiftkv eval --base MODEL "
-                       "would, and stores its final hidden states and greedy continuations. swiftkv eval STUDENT --base "
-                       "MODEL --fidelity-teacher DIR then runs only the teacher's head: the same numbers, about a third "
-                       "less time per student. The fidelity options must be those of the evals it serves.")
+                       "would, and stores its final hidden states and greedy continuations (with --boundary-layers, "
+                       "also the stream entering each cut). swiftkv eval STUDENT --base MODEL --fidelity-teacher DIR "
+                       "then runs only the teacher's head (and a student at a recorded cut only its layers >= l): the "
+                       "same numbers in less time. The fidelity options must be those of the evals it serves.")
     add_model_args(p, dtype="auto")
     _add_fidelity_args(p)
     p.add_argument("--batch-size", type=int, default=8, help="as swiftkv eval's (the fidelity batches are at most 8)")
+    p.add_argument("--boundary-layers", type=positive_int, nargs="+", default=None, metavar="L",
+                   help="also keep the stream entering these layers (the cuts l of the SwiftKV students it serves): a "
+                   "student then takes it instead of running its layers < l (native KV cache; ~0.3 MB per sequence "
+                   "of 128 tokens and cut for SmolLM2)")
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

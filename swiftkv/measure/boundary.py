@@ -76,6 +76,16 @@ def frozen_fingerprint(model: torch.nn.Module, layer: int) -> str:
     return frozen_fingerprints(model, [layer])[layer]
 
 
+def check_cuts(model: torch.nn.Module, layers) -> list[int]:
+    """``layers`` sorted and distinct, or a one-line ``SwiftKVError`` when one is no cut l of ``model`` (1 .. L-1)."""
+    n = model.config.num_hidden_layers
+    out = sorted({int(x) for x in layers})
+    bad = [x for x in out if not 0 < x < n]
+    if bad:
+        raise SwiftKVError(f"boundary layers {bad} are not cuts of a {n}-layer model (1 .. {n - 1})")
+    return out
+
+
 class BoundaryRecorder:
     """Records, for the base model's packed forwards, the stream entering each of ``layers``, per row, into shard
     files under ``folder`` (``save`` writes the metadata). Use ``arm`` around one forward, then ``take``."""
@@ -84,11 +94,7 @@ class BoundaryRecorder:
         if getattr(model.config, "swiftkv", False):
             raise SwiftKVError("boundary states are recorded by the base model (a SwiftKV student runs its own layers "
                                ">= l); evaluate the base model with --save-boundary")
-        n = model.config.num_hidden_layers
-        self.layers = sorted({int(x) for x in layers})
-        bad = [x for x in self.layers if not 0 < x < n]
-        if bad:
-            raise SwiftKVError(f"boundary layers {bad} are not cuts of a {n}-layer model (1 .. {n - 1})")
+        self.layers = check_cuts(model, layers)
         self.model, self.folder, self.kv_cache = model, Path(folder), kv_cache
         self.fingerprints = frozen_fingerprints(model, self.layers)
         self.dtype = str(next(model.parameters()).dtype).replace("torch.", "")

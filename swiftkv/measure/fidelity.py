@@ -14,7 +14,10 @@ Every measure is kept per conversation, so that the analysis can bootstrap over 
 The teacher's side is the same for every student of a model: ``teacher_outputs`` computes it once (the final hidden
 state of every teacher-forced batch and the teacher's greedy continuations) and ``measure_fidelity(...,
 cached=...)`` reads it, re-applying the teacher's own head (its ``ForCausalLM`` forward with the backbone's output
-given), so the numbers equal a run that computes the teacher itself (``tests/test_fidelity.py``).
+given), so the numbers equal a run that computes the teacher itself (``tests/test_fidelity.py``). Asked for
+(``boundary_layers``), it also keeps the stream entering each cut l on every teacher-forced batch: a SwiftKV student
+whose embeddings and layers < l are the teacher's (checked by fingerprint) then takes it instead of running them,
+with the native KV cache, and runs only its own part.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import contextlib
 import functools
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -136,13 +139,31 @@ def _teacher_logits(teacher, ids, mask, hidden=None) -> torch.Tensor:
         return _logits(teacher, ids, mask)
 
 
+@contextlib.contextmanager
+def _given_boundary(student, states: torch.Tensor | None):
+    """Within the block, a SwiftKV ``student`` takes ``states`` (the stream entering its layer l) instead of running
+    its layers < l (``swiftkv.models.common``); nothing when ``states`` is None."""
+    if states is None:
+        yield
+        return
+    decoder = student.get_decoder()
+    decoder.given_boundary = states.to(next(student.parameters()).device)
+    try:
+        yield
+    finally:
+        decoder.given_boundary = None
+
+
 @torch.inference_mode()
 def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_factory=None, progress: bool = True,
-                   teacher_hidden: list[torch.Tensor] | None = None):
+                   teacher_hidden: list[torch.Tensor] | None = None,
+                   student_boundary: list[torch.Tensor] | None = None):
     """Per sequence: summed KL(teacher || student), top-1 agreements and the number of positions.
 
     ``student`` may be ``teacher`` itself (then only ``cache_factory`` can make them differ). ``teacher_hidden``: the
-    teacher's final hidden state of each batch (``TeacherOutputs.hidden``), so that only its head runs."""
+    teacher's final hidden state of each batch (``TeacherOutputs.hidden``), so that only its head runs.
+    ``student_boundary``: the stream entering the SwiftKV student's layer l on each batch (``TeacherOutputs.boundary``,
+    checked by ``TeacherOutputs.boundary_for``), so that it runs only its own part."""
     rows = []
     for k, start in enumerate(tqdm(range(0, len(sequences), batch_size), desc="fidelity: teacher-forced",
                                    disable=not progress)):
@@ -153,7 +174,8 @@ def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_facto
         if student is teacher and cache_factory is None:
             s_logp = t_logp
         else:
-            s_logp = F.log_softmax(_logits(student, ids, mask, cache_factory), dim=-1)  # B,S,V
+            with _given_boundary(student, None if student_boundary is None else student_boundary[k]):
+                s_logp = F.log_softmax(_logits(student, ids, mask, cache_factory), dim=-1)  # B,S,V
         kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # B,S
         agree = (t_logp.argmax(-1) == s_logp.argmax(-1)).float()  # B,S
         for i, seq in enumerate(batch):
@@ -221,10 +243,16 @@ def measure_fidelity(teacher, student, tokenizer, conversations, settings: Fidel
     side from ``teacher_outputs`` (checked against ``teacher``, these settings and these sequences first)."""
     seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
     prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
+    states, cut = None, None
     if cached is not None:
         cached.check(teacher, settings, seqs, prompts)
+        if student is not teacher:
+            cut, why = cached.boundary_for(student, cache_factory)
+            if cut is None and why:
+                logger.warning("fidelity: the student runs its layers < l itself: %s", why)
+            states = cached.boundary.get(cut) if cut is not None else None
     rows = teacher_forced(teacher, student, seqs, settings.batch_size, cache_factory, progress,
-                          None if cached is None else cached.hidden)
+                          None if cached is None else cached.hidden, states)
     pad_id, eos_id = _pad_and_eos(tokenizer)
     if cached is not None:
         t_gen = cached.greedy
@@ -244,6 +272,7 @@ def measure_fidelity(teacher, student, tokenizer, conversations, settings: Fidel
     tokens = sum(r["tokens"] for r in rows)
     return {
         "settings": asdict(settings),
+        "boundary_layer": cut,  # the student took the teacher's stream entering this layer (None: ran every layer)
         "kl": sum(r["kl_sum"] for r in rows) / max(1, tokens),
         "top1": sum(r["top1_agree"] for r in rows) / max(1, tokens),
         "greedy": sum(g["agreement"] for g in greedy) / max(1, len(greedy)),
@@ -286,6 +315,24 @@ class TeacherOutputs:
     greedy: list[list[int]]
     key: dict
     verified: tuple = ()  # (teacher object id, settings, sequences key, prompts key) already checked
+    boundary: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # cut l -> the stream entering l, per batch
+
+    def boundary_for(self, student, cache_factory=None) -> tuple[int | None, str]:
+        """(l, "") when the teacher-forced stream entering the SwiftKV ``student``'s layer l is held and serves it
+        (its embeddings and layers < l are the teacher's, same dtype, native KV cache), else (None, why not; "" when
+        the student is no SwiftKV student or none was recorded)."""
+        from swiftkv.measure.boundary import frozen_fingerprint
+
+        if not self.boundary or not getattr(student.config, "swiftkv", False) or not hasattr(student, "swiftkv"):
+            return None, ""
+        cut = int(student.config.num_key_value_layers)
+        if cut not in self.boundary:
+            return None, f"{self.key.get('path', 'the fidelity teacher')} holds no states at its cut l = {cut}"
+        if cache_factory is not None:
+            return None, "the states were recorded with the native KV cache"
+        if frozen_fingerprint(student, cut) != self.key.get("boundary_fingerprints", {}).get(str(cut)):
+            return None, f"its embeddings and layers < {cut} (or their dtype) are not the fidelity teacher's"
+        return cut, ""
 
     def problems(self, teacher, settings: FidelitySettings, seqs, prompts) -> list[str]:
         from swiftkv.distill.teacher_cache import weights_fingerprint
@@ -331,7 +378,10 @@ class TeacherOutputs:
         from swiftkv.io import atomic_dir
 
         with atomic_dir(path, overwrite, what=TEACHER_KIND) as tmp:
-            save_file({f"hidden.{k}": h.contiguous() for k, h in enumerate(self.hidden)}, str(tmp / TEACHER_TENSORS))
+            tensors = {f"hidden.{k}": h.contiguous() for k, h in enumerate(self.hidden)}
+            tensors.update({f"boundary.{cut}.{k}": h.contiguous() for cut, hs in self.boundary.items()
+                            for k, h in enumerate(hs)})
+            save_file(tensors, str(tmp / TEACHER_TENSORS))
             meta = {**self.key, "greedy": self.greedy, "batches_shapes": [list(h.shape) for h in self.hidden]}
             (tmp / TEACHER_META).write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -348,32 +398,57 @@ class TeacherOutputs:
             meta = json.loads((path / TEACHER_META).read_text())
             tensors = load_file(str(path / TEACHER_TENSORS))
             hidden = [tensors[f"hidden.{k}"] for k in range(len(meta["batches"]))]
+            boundary = {int(cut): [tensors[f"boundary.{cut}.{k}"] for k in range(len(meta["batches"]))]
+                        for cut in meta.get("boundary_layers", [])}
         except (ValueError, KeyError, OSError, SafetensorError) as e:
             raise SwiftKVError(f"{path}: unreadable fidelity teacher ({e}); rebuild it with: swiftkv "
                                "fidelity-teacher BASE -o DIR") from None
         greedy = meta.pop("greedy")
         meta.pop("batches_shapes", None)
-        return cls(hidden=hidden, greedy=greedy, key={**meta, "path": str(path)})
+        return cls(hidden=hidden, greedy=greedy, key={**meta, "path": str(path)}, boundary=boundary)
 
 
 @torch.inference_mode()
 def teacher_outputs(teacher, tokenizer, conversations, settings: FidelitySettings,
-                    progress: bool = True) -> TeacherOutputs:
-    """The teacher's side of ``measure_fidelity`` on ``conversations``, computed as it computes it."""
+                    progress: bool = True, boundary_layers=()) -> TeacherOutputs:
+    """The teacher's side of ``measure_fidelity`` on ``conversations``, computed as it computes it. ``boundary_layers``:
+    also keep the stream entering each of these layers on every teacher-forced batch, which a SwiftKV student with
+    that cut takes instead of running its layers < l (they are the teacher's: ``TeacherOutputs.boundary_for``)."""
     from swiftkv.distill.teacher_cache import weights_fingerprint
+    from swiftkv.measure.boundary import check_cuts, frozen_fingerprints
 
+    layers = check_cuts(teacher, boundary_layers)
+    if layers and getattr(teacher.config, "swiftkv", False):
+        raise SwiftKVError("boundary states are kept by the base model (a SwiftKV student runs its own layers >= l); "
+                           "give the base model to swiftkv fidelity-teacher")
     seqs = teacher_forced_sequences(tokenizer, conversations, settings.num_sequences, settings.max_tokens)
     prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
     hidden, batches = [], []
-    for start in tqdm(range(0, len(seqs), settings.batch_size), desc="fidelity teacher: teacher-forced",
-                      disable=not progress):
-        ids, mask = _pad(seqs[start : start + settings.batch_size], 0, "right")
-        hidden.append(teacher.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state)
-        batches.append(_batch_key(ids, mask))
+    boundary: dict[int, list[torch.Tensor]] = {x: [] for x in layers}
+    decoder_layers = teacher.get_decoder().layers
+
+    def keep(index):
+        def hook(module, args, kwargs):
+            boundary[index].append((args[0] if args else kwargs["hidden_states"]).clone())
+        return hook
+
+    hooks = [decoder_layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in layers]
+    try:
+        for start in tqdm(range(0, len(seqs), settings.batch_size), desc="fidelity teacher: teacher-forced",
+                          disable=not progress):
+            ids, mask = _pad(seqs[start : start + settings.batch_size], 0, "right")
+            hidden.append(teacher.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state)
+            batches.append(_batch_key(ids, mask))
+    finally:
+        for hook in hooks:
+            hook.remove()
     pad_id, eos_id = _pad_and_eos(tokenizer)
     greedy = greedy_continuations(teacher, prompts, settings.new_tokens, pad_id, eos_id, settings.batch_size,
                                   None, progress, "teacher greedy")
     key = {"format": TEACHER_FORMAT, "teacher": weights_fingerprint(teacher), "settings": asdict(settings),
            "batches": batches, "prompts": _ids_key(prompts), "sequences": len(seqs),
            "dtype": str(hidden[0].dtype).replace("torch.", "") if hidden else None}
-    return TeacherOutputs(hidden=hidden, greedy=greedy, key=key)
+    if layers:
+        key.update(boundary_layers=layers,
+                   boundary_fingerprints={str(x): f for x, f in frozen_fingerprints(teacher, layers).items()})
+    return TeacherOutputs(hidden=hidden, greedy=greedy, key=key, boundary=boundary)

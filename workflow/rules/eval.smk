@@ -436,9 +436,16 @@ if BOUNDARY:
                                                             f"{recorded_cuts(w, FP8_STUDENTS)}"},
 
 
+def fidelity_boundary_args(wildcards):
+    """eval.boundary_states: the fidelity teacher also keeps the stream entering every cut of the model's SwiftKV rows
+    on the teacher-forced sequences, which each student's fidelity (native cache) takes instead of its layers < l."""
+    return f"--boundary-layers {' '.join(map(str, boundary_cuts(wildcards.model)))}" if BOUNDARY else ""
+
+
 # The teacher's side of the fidelity measure (its final hidden states on the teacher-forced sequences and its greedy
 # continuations), computed once per model and read by every row's held-out job: those run only the teacher's head,
-# with the same numbers (swiftkv fidelity-teacher; ~1/3 of a row's fidelity time saved).
+# with the same numbers (swiftkv fidelity-teacher; ~1/3 of a row's fidelity time saved), and with boundary states a
+# native student only its layers >= l teacher-forced.
 rule fidelity_teacher:
     input:
         model=model_input,
@@ -454,12 +461,14 @@ rule fidelity_teacher:
         fidelity=eval_fidelity_args,
         batch=EVAL["batch_size"],
         dtype=DTYPE,
+        boundary=fidelity_boundary_args,
     resources:
         **job_resources("eval"),
     threads: ALL_CORES
     shell:
         "swiftkv fidelity-teacher {params.source} --heldout {input.ppl}/conversations.jsonl {params.fidelity}"
-        " --batch-size {params.batch} --dtype {params.dtype} --threads {threads} --no-progress -o {output} > {log} 2>&1"
+        " --batch-size {params.batch} --dtype {params.dtype} {params.boundary} --threads {threads} --no-progress"
+        " -o {output} > {log} 2>&1"
 
 
 rule heldout_swiftkv:
