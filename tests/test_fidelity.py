@@ -101,7 +101,7 @@ def test_conversations_round_trip(tmp_path):
 def test_the_teacher_computed_once_gives_the_same_numbers(family, tmp_path):
     """``teacher_outputs`` saved and loaded, then ``measure_fidelity(..., cached=)`` runs only the teacher's head: every
     number equals the run that computes the teacher itself, for a student, the teacher itself and its FP8 cache."""
-    from swiftkv.measure.fidelity import TeacherOutputs, teacher_outputs
+    from swiftkv.measure.fidelity_teacher import TeacherOutputs, teacher_outputs
 
     teacher, tok = tiny_base(family), tiny_tokenizer()
     student = convert_to_swiftkv(tiny_base(family), 2)
@@ -123,9 +123,10 @@ def test_the_teacher_computed_once_gives_the_same_numbers(family, tmp_path):
 def test_a_student_takes_the_teachers_boundary_states(family, cut, group, tmp_path, caplog):
     """``teacher_outputs(..., boundary_layers=)`` keeps the stream entering each cut; a student at a kept cut whose
     layers < l are the teacher's takes it (its layers < l never run teacher-forced) and every number equals its own
-    run; with the FP8 cache, or layers < l of another base model, it runs them itself (and says why)."""
+    run; with the FP8 cache it runs them itself, and with layers < l of another base model too, saying why."""
     from swiftkv.errors import SwiftKVError
-    from swiftkv.measure.fidelity import TeacherOutputs, teacher_forced, teacher_outputs
+    from swiftkv.measure.fidelity import teacher_forced
+    from swiftkv.measure.fidelity_teacher import TeacherOutputs, teacher_outputs
 
     teacher, tok = tiny_base(family), tiny_tokenizer()
     settings = FidelitySettings(num_sequences=5, max_tokens=24, num_prompts=3, max_prompt_tokens=40, new_tokens=5,
@@ -159,7 +160,8 @@ def test_a_student_takes_the_teachers_boundary_states(family, cut, group, tmp_pa
         other = convert_to_swiftkv(tiny_base(family, seed=7), cut, group)
         elsewhere = measure_fidelity(teacher, other, tok, conversations(), settings, progress=False, cached=cached)
     assert fp8["boundary_layer"] is None and elsewhere["boundary_layer"] is None
-    assert "native KV cache" in caplog.text and f"layers < {cut}" in caplog.text
+    assert caplog.text.count("runs its layers < l itself") == 1 and f"layers < {cut} (or their dtype)" in caplog.text
+    assert cached.boundary_for(student, make_cache_factory("fp8"))[0] is None
     assert measure_fidelity(teacher, teacher, tok, conversations(), settings, progress=False,
                             cached=cached)["boundary_layer"] is None
     with pytest.raises(SwiftKVError, match="not cuts of a"):
@@ -184,7 +186,7 @@ def teacher_outputs_stream(teacher, seqs, cut):
 @torch.no_grad()
 def test_a_fidelity_teacher_for_other_settings_weights_or_sequences_is_refused(tmp_path):
     from swiftkv.errors import SwiftKVError
-    from swiftkv.measure.fidelity import TeacherOutputs, teacher_outputs
+    from swiftkv.measure.fidelity_teacher import TeacherOutputs, teacher_outputs
 
     teacher, tok = tiny_base(), tiny_tokenizer()
     settings = FidelitySettings(num_sequences=3, max_tokens=24, num_prompts=2, max_prompt_tokens=40, new_tokens=4,

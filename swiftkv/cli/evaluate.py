@@ -54,7 +54,7 @@ def cmd_eval(args) -> None:
     boundary = _boundary_args(args, tasks)
     cached = None
     if args.fidelity_teacher and not args.no_fidelity:  # read (and refused) before any model loads
-        from swiftkv.measure.fidelity import TeacherOutputs
+        from swiftkv.measure.fidelity_teacher import TeacherOutputs
 
         cached = TeacherOutputs.load(args.fidelity_teacher)
     with_base = args.base and args.base != args.model and not args.no_fidelity  # a base model is its own teacher
@@ -153,7 +153,7 @@ def cmd_fidelity_teacher(args) -> None:
 
     from swiftkv.data.heldout import heldout_sample, read_conversations
     from swiftkv.loading import load_model
-    from swiftkv.measure.fidelity import teacher_outputs
+    from swiftkv.measure.fidelity_teacher import teacher_outputs
 
     if args.threads:
         torch.set_num_threads(args.threads)

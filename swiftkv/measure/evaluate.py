@@ -196,7 +196,7 @@ def evaluate_model(
 
     ``fidelity`` is a ``swiftkv.measure.fidelity.FidelitySettings`` (None: skip); ``heldout`` the held-out conversations
     it uses (default: ``swiftkv.data.heldout.heldout_sample()``); ``fidelity_teacher`` the teacher's side of it computed
-    once (``swiftkv.measure.fidelity.TeacherOutputs``), or None to compute it here. ``boundary`` /
+    once (``swiftkv.measure.fidelity_teacher.TeacherOutputs``), or None to compute it here. ``boundary`` /
     ``boundary_recorder``: the base model's boundary states taken by a student, or recorded by the base model
     (``swiftkv.measure.boundary``).
     """
