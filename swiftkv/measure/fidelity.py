@@ -15,9 +15,9 @@ The teacher's side is the same for every student of a model: ``swiftkv.measure.f
 (the final hidden state of every teacher-forced batch and the teacher's greedy continuations) and
 ``measure_fidelity(..., cached=...)`` reads it, re-applying the teacher's own head (its ``ForCausalLM`` forward with
 the backbone's output given), so the numbers equal a run that computes the teacher itself (``tests/test_fidelity.py``).
-Asked for (``boundary_layers``), it also keeps the stream entering each cut l on every teacher-forced batch: a SwiftKV student
-whose embeddings and layers < l are the teacher's (checked by fingerprint) then takes it instead of running them,
-with the native KV cache, and runs only its own part.
+Asked for (``boundary_layers``), it also keeps the stream entering each cut l on every teacher-forced batch: a SwiftKV
+student whose embeddings and layers < l are the teacher's (checked by fingerprint) then takes it instead of running
+them, with the native KV cache, and runs only its own part.
 """
 
 from __future__ import annotations
