@@ -86,6 +86,34 @@ def check_cuts(model: torch.nn.Module, layers) -> list[int]:
     return out
 
 
+def layer_input_hooks(model: torch.nn.Module, layers, keep) -> list:
+    """Forward pre-hooks that call ``keep(l, h)`` with the stream ``h`` entering each decoder layer l of ``layers`` on
+    every forward (remove them when done)."""
+    decoder_layers = model.get_decoder().layers
+
+    def hook_for(index):
+        def hook(module, args, kwargs):
+            keep(index, args[0] if args else kwargs["hidden_states"])
+        return hook
+
+    return [decoder_layers[x].register_forward_pre_hook(hook_for(x), with_kwargs=True) for x in layers]
+
+
+@contextlib.contextmanager
+def given_boundary(model: torch.nn.Module, states: torch.Tensor | None):
+    """Within the block, a SwiftKV student ``model`` takes ``states`` (the stream entering its layer l, shaped as its
+    inputs) instead of running its layers < l (``swiftkv.models.common``); nothing when ``states`` is None."""
+    if states is None:
+        yield
+        return
+    decoder = model.get_decoder()
+    decoder.given_boundary = states
+    try:
+        yield
+    finally:
+        decoder.given_boundary = None
+
+
 class BoundaryRecorder:
     """Records, for the base model's packed forwards, the stream entering each of ``layers``, per row, into shard
     files under ``folder`` (``save`` writes the metadata). Use ``arm`` around one forward, then ``take``."""
@@ -106,14 +134,7 @@ class BoundaryRecorder:
 
     def arm(self):
         """Hooks that keep the input of each recorded layer for the next forward; remove them after it."""
-        layers = self.model.get_decoder().layers
-
-        def keep(index):
-            def hook(module, args, kwargs):
-                self._captured[index] = args[0] if args else kwargs["hidden_states"]
-            return hook
-
-        return [layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in self.layers]
+        return layer_input_hooks(self.model, self.layers, self._captured.__setitem__)
 
     @property
     def rows(self) -> int:
@@ -240,10 +261,6 @@ def boundary_forward(lm, layout, shape):
     given = torch.zeros(*shape, lm.model.config.hidden_size, dtype=states[0].dtype)
     for (r, start, end, _), x in zip(layout, states):
         given[r, start:end] = x
-    decoder = lm.model.get_decoder()
-    decoder.given_boundary = given.to(lm.device)
     lm.boundary_forwards["given"] += 1
-    try:
+    with given_boundary(lm.model, given.to(lm.device)):
         yield
-    finally:
-        decoder.given_boundary = None

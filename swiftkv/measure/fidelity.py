@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from swiftkv.measure.boundary import given_boundary
+
 if TYPE_CHECKING:
     from swiftkv.measure.fidelity_teacher import TeacherOutputs
 
@@ -139,21 +141,6 @@ def _teacher_logits(teacher, ids, mask, hidden=None) -> torch.Tensor:
         return _logits(teacher, ids, mask)
 
 
-@contextlib.contextmanager
-def _given_boundary(student, states: torch.Tensor | None):
-    """Within the block, a SwiftKV ``student`` takes ``states`` (the stream entering its layer l) instead of running
-    its layers < l (``swiftkv.models.common``); nothing when ``states`` is None."""
-    if states is None:
-        yield
-        return
-    decoder = student.get_decoder()
-    decoder.given_boundary = states.to(next(student.parameters()).device)
-    try:
-        yield
-    finally:
-        decoder.given_boundary = None
-
-
 @torch.inference_mode()
 def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_factory=None, progress: bool = True,
                    teacher_hidden: list[torch.Tensor] | None = None,
@@ -174,7 +161,8 @@ def teacher_forced(teacher, student, sequences, batch_size: int = 8, cache_facto
         if student is teacher and cache_factory is None:
             s_logp = t_logp
         else:
-            with _given_boundary(student, None if student_boundary is None else student_boundary[k]):
+            states = None if student_boundary is None else student_boundary[k].to(next(student.parameters()).device)
+            with given_boundary(student, states):
                 s_logp = F.log_softmax(_logits(student, ids, mask, cache_factory), dim=-1)  # B,S,V
         kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # B,S
         agree = (t_logp.argmax(-1) == s_logp.argmax(-1)).float()  # B,S
@@ -246,8 +234,8 @@ def measure_fidelity(teacher, student, tokenizer, conversations, settings: Fidel
     states, cut = None, None
     if cached is not None:
         cached.check(teacher, settings, seqs, prompts)
-        if student is not teacher and cache_factory is None:  # the states are the native cache's
-            cut, why = cached.boundary_for(student)
+        if student is not teacher:
+            cut, why = cached.boundary_for(student, cache_factory)
             if cut is None and why:
                 logger.warning("the student runs its layers < l itself in the fidelity measure: %s", why)
             states = cached.boundary.get(cut) if cut is not None else None

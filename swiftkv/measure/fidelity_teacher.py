@@ -61,17 +61,16 @@ class TeacherOutputs:
 
     def boundary_for(self, student, cache_factory=None) -> tuple[int | None, str]:
         """(l, "") when the teacher-forced stream entering the SwiftKV ``student``'s layer l is held and serves it
-        (its embeddings and layers < l are the teacher's, same dtype, native KV cache), else (None, why not; "" when
-        the student is no SwiftKV student or none was recorded)."""
+        (its embeddings and layers < l are the teacher's, same dtype, native KV cache), else (None, why not; "" where
+        that is expected: no SwiftKV student, none recorded, or an FP8 cache, which changes the stream entering l)."""
         from swiftkv.measure.boundary import frozen_fingerprint
 
-        if not self.boundary or not getattr(student.config, "swiftkv", False) or not hasattr(student, "swiftkv"):
+        if (not self.boundary or cache_factory is not None or not getattr(student.config, "swiftkv", False)
+                or not hasattr(student, "swiftkv")):
             return None, ""
         cut = int(student.config.num_key_value_layers)
         if cut not in self.boundary:
             return None, f"{self.key.get('path', 'the fidelity teacher')} holds no states at its cut l = {cut}"
-        if cache_factory is not None:
-            return None, "the states were recorded with the native KV cache"
         if frozen_fingerprint(student, cut) != self.key.get("boundary_fingerprints", {}).get(str(cut)):
             return None, f"its embeddings and layers < {cut} (or their dtype) are not the fidelity teacher's"
         return cut, ""
@@ -157,7 +156,7 @@ def teacher_outputs(teacher, tokenizer, conversations, settings: FidelitySetting
     also keep the stream entering each of these layers on every teacher-forced batch, which a SwiftKV student with
     that cut takes instead of running its layers < l (they are the teacher's: ``TeacherOutputs.boundary_for``)."""
     from swiftkv.distill.teacher_cache import weights_fingerprint
-    from swiftkv.measure.boundary import check_cuts, frozen_fingerprints
+    from swiftkv.measure.boundary import check_cuts, frozen_fingerprints, layer_input_hooks
 
     layers = check_cuts(teacher, boundary_layers)
     if layers and getattr(teacher.config, "swiftkv", False):
@@ -167,14 +166,7 @@ def teacher_outputs(teacher, tokenizer, conversations, settings: FidelitySetting
     prompts = generation_prompts(tokenizer, conversations, settings.num_prompts, settings.max_prompt_tokens)
     hidden, batches = [], []
     boundary: dict[int, list[torch.Tensor]] = {x: [] for x in layers}
-    decoder_layers = teacher.get_decoder().layers
-
-    def keep(index):
-        def hook(module, args, kwargs):
-            boundary[index].append((args[0] if args else kwargs["hidden_states"]).clone())
-        return hook
-
-    hooks = [decoder_layers[x].register_forward_pre_hook(keep(x), with_kwargs=True) for x in layers]
+    hooks = layer_input_hooks(teacher, layers, lambda x, h: boundary[x].append(h.clone()))
     try:
         for start in tqdm(range(0, len(seqs), settings.batch_size), desc="fidelity teacher: teacher-forced",
                           disable=not progress):
