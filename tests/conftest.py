@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,14 @@ import swiftkv  # noqa: F401  (registers the SwiftKV model types)
 REPO = Path(__file__).resolve().parents[1]
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One of pytest-xdist's workers (the README's `-n auto`): the workers share the machine's cores, so each runs
+    # torch, and the commands its tests start, on one thread; two threads per worker on a 2-core machine would make
+    # OpenMP spin in its barriers (see ``one_thread``). A test that sets its own thread count still does.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
 TRANSFORMERS4_VERSION = "4.57.6"  # the transformers 4.x that the interoperability tests run our checkpoints in
 
 
@@ -34,15 +43,28 @@ def transformers4_python(tmp_path_factory) -> Path:
     import subprocess
     import sys
 
-    venv = tmp_path_factory.mktemp("transformers4") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    from filelock import FileLock
+
+    # Made once per pytest run: under pytest-xdist every worker's base temp is below one shared directory, and the
+    # first worker to need the venv builds it there while the others wait on the lock.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    venv, failed = shared / "transformers4-venv", shared / "transformers4-venv.failed"
     python = venv / "bin" / "python"
-    pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--retries",
-                          "1", "--timeout", "30", "torch==2.13.0", f"transformers=={TRANSFORMERS4_VERSION}"],
-                         capture_output=True, text=True, timeout=1800)
-    if pip.returncode:
-        reason = (pip.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"cannot pip install torch==2.13.0 transformers=={TRANSFORMERS4_VERSION} (offline?): {reason}")
+    with FileLock(str(shared / "transformers4-venv.lock")):
+        if not (venv / "done").exists() and not failed.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+            pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                                  "--retries", "1", "--timeout", "30", "torch==2.13.0",
+                                  f"transformers=={TRANSFORMERS4_VERSION}"], capture_output=True, text=True, timeout=1800)
+            if pip.returncode:
+                failed.write_text((pip.stderr.strip().splitlines() or ["no output"])[-1])
+            else:
+                (venv / "done").touch()
+    if failed.exists():
+        pytest.skip(f"cannot pip install torch==2.13.0 transformers=={TRANSFORMERS4_VERSION} (offline?): "
+                    f"{failed.read_text()}")
     return python
 
 
