@@ -79,8 +79,10 @@ MODELS = {
 @torch.no_grad()
 def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, monkeypatch):
     model = MODELS[kind](tiny_base(family))
-    # packed: rows of 24 positions, two rows a forward, so rows hold several questions and forwards several rows
+    # packed: rows of 24 positions, two rows a forward, so rows hold several questions and forwards several rows;
+    # the 101-token vocabulary projected in four chunks (swiftkv.measure.head), the last one short
     monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
+    monkeypatch.setattr("swiftkv.measure.head.VOCAB_CHUNK", 32)
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, kv_cache=kv_cache,
                    teacher=(kind == "teacher"), device="cpu", scorer=scorer, positions_per_forward=64)
     reqs = requests()

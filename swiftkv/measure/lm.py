@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 import swiftkv  # noqa: F401  (registers the SwiftKV model types with transformers)
 from swiftkv.errors import SwiftKVError
 from swiftkv.measure.boundary import boundary_forward
+from swiftkv.measure.head import final_hidden_states, scored_log_probs
 from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays, row_key
 from swiftkv.models.kvquant import make_cache_factory
 
@@ -220,23 +221,22 @@ class SwiftKVLM(HFLM):
             self.tokens_run["context"] += len(row.nodes) - run
         if self.model.config._attn_implementation == "eager":
             mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
+        asked = []  # (flat index, node, token) for every token a scored node is asked to predict
+        scored_nodes = [row.nodes[col] for row in rows for col in row.scored]
+        for p, node in zip(flat, scored_nodes):
+            asked.extend((p, node, token) for token in needs[node])
+        index = torch.tensor([p for p, _, _ in asked], device=device)
+        targets = torch.tensor([t for _, _, t in asked], device=device)
         layout = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
-        with boundary_forward(self, layout, ids.shape), self._autocast():
+        with boundary_forward(self, layout, ids.shape), self._autocast(), final_hidden_states(self.model) as head:
             out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                              cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
+            # hidden states (or logits) of the scored columns, (R*N or S), d; projected a vocabulary chunk at a time
+            values, argmax = scored_log_probs(out.logits.reshape(-1, out.logits.shape[-1]), index, targets, head)
         self.forwards += 1
-        logits = out.logits.float().reshape(-1, out.logits.shape[-1])  # (R*N or S), V
-        norm = torch.logsumexp(logits, dim=-1)  # log-softmax is logits - norm, without a copy of the logits
-        argmax = logits.argmax(dim=-1).tolist()
-        asked, best = [], {}  # (flat index, node, token) for every token a scored node is asked to predict
-        scored_nodes = (row.nodes[col] for row in rows for col in row.scored)
-        for p, node in zip(flat, scored_nodes):
-            best[node] = argmax[p]
-            asked.extend((p, node, token) for token in needs[node])
-        index = torch.tensor([p for p, _, _ in asked], device=logits.device)
-        targets = torch.tensor([t for _, _, t in asked], device=logits.device)
-        values = (logits[index, targets] - norm[index]).cpu()
-        return {(node, token): v for (_, node, token), v in zip(asked, values)}, best
+        argmax = argmax.tolist()
+        best = {node: argmax[p] for p, node in zip(flat, scored_nodes)}
+        return {(node, token): v for (_, node, token), v in zip(asked, values.cpu())}, best
 
     def _position_budget(self) -> int:
         """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
