@@ -61,6 +61,12 @@ def test_only_plain_projections_are_taken_over_and_always_given_back():
     assert model.lm_head is lm_head
     student = convert_to_swiftkv(model, 2)
     assert plain_head(student) is student.lm_head
+    # a head that accelerate dispatches (device_map) keeps its hook's way
+    lm_head._hf_hook = object()
+    try:
+        assert plain_head(model) is None
+    finally:
+        del lm_head._hf_hook
     # soft-capped logits (Gemma): the model keeps its head
     gemma = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=TINY["vocab_size"], hidden_size=16, intermediate_size=32,
                                                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

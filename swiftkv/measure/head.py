@@ -30,11 +30,12 @@ PLAIN_HEAD_TYPES = frozenset(FAMILIES) | frozenset(SWIFTKV_MODEL_TYPES)
 
 
 def plain_head(model) -> torch.nn.Linear | None:
-    """The model's output projection when its logits are exactly ``lm_head(hidden)``, else None."""
+    """The model's output projection when its logits are exactly ``lm_head(hidden)``, else None. A head that
+    accelerate dispatches (``device_map``: a hook moves its input, or loads offloaded weights) is left to its hook."""
     head = getattr(model, "lm_head", None)
     if getattr(model.config, "model_type", None) not in PLAIN_HEAD_TYPES:
         return None
-    if type(head) is not torch.nn.Linear or head.bias is not None:
+    if type(head) is not torch.nn.Linear or head.bias is not None or hasattr(head, "_hf_hook"):
         return None
     return head
 
@@ -60,7 +61,8 @@ def scored_log_probs(outputs: torch.Tensor, index: torch.Tensor, targets: torch.
     """(log p(targets[k] at position index[k]) as fp32 (K,), each position's argmax (S,)).
 
     ``outputs`` (S, d): final hidden states, projected here by ``head`` one ``VOCAB_CHUNK`` at a time; or (S, V):
-    logits (``head`` None). Ties in the argmax go to the lowest token id, as ``torch.argmax``."""
+    logits (``head`` None), overwritten when they are fp32. Ties in the argmax go to the lowest token id, as
+    ``torch.argmax``."""
     if head is None:
         chunks = [(0, outputs)]
     else:
