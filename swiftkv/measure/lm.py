@@ -228,9 +228,11 @@ class SwiftKVLM(HFLM):
         index = torch.tensor([p for p, _, _ in asked], device=device)
         targets = torch.tensor([t for _, _, t in asked], device=device)
         layout = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
-        with boundary_forward(self, layout, ids.shape), self._autocast(), final_hidden_states(self.model) as head:
-            out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                             cache=self._new_cache(), use_cache=True, logits_to_keep=keep.to(device))
+        with self._autocast():
+            with boundary_forward(self, layout, ids.shape), final_hidden_states(self.model) as head:
+                out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 position_ids=positions.to(device), cache=self._new_cache(), use_cache=True,
+                                 logits_to_keep=keep.to(device))
             # hidden states (or logits) of the scored columns, (R*N or S), d; projected a vocabulary chunk at a time
             values, argmax = scored_log_probs(out.logits.reshape(-1, out.logits.shape[-1]), index, targets, head)
         self.forwards += 1
@@ -239,7 +241,9 @@ class SwiftKVLM(HFLM):
         return {(node, token): v for (_, node, token), v in zip(asked, values.cpu())}, best
 
     def _position_budget(self) -> int:
-        """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``."""
+        """Positions per forward such that the logits (and their log-softmax) stay within ``logits_budget_bytes``.
+        A model whose head ``swiftkv.measure.head`` takes over never holds them whole; the bound still lays out its
+        forwards, so every model of one shape gets the same rows (boundary states are keyed by them)."""
         return max(256, int(self.logits_budget_bytes // (8 * self.model.config.vocab_size)))
 
     def _context_batches(self, groups, override_bs=None):
