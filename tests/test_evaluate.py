@@ -86,15 +86,22 @@ def test_loglikelihoods_equal_direct_forward(family, kind, kv_cache, scorer, mon
     lm = SwiftKVLM(model, tokenizer=tiny_tokenizer(), batch_size=3, max_length=24, kv_cache=kv_cache,
                    teacher=(kind == "teacher"), device="cpu", scorer=scorer, positions_per_forward=64)
     reqs = requests()
-    shapes = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+    shapes, masks = [], []
+
+    def record(module, args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        masks.append(tuple(kwargs["attention_mask"].shape) if kwargs.get("attention_mask") is not None else None)
+
+    hook = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
         got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
     finally:
         hook.remove()
     assert lm.last_path == scorer and len(shapes) == lm.forwards
     if scorer == "packed":
-        assert max(rows for rows, _ in shapes) == 2 and lm.forwards < len({tuple(c) for _, c, _ in reqs})
+        assert max(mask[0] for mask in masks) == 2 and lm.forwards < len({tuple(c) for _, c, _ in reqs})
+        # a plain model (the teacher too) runs each distinct position of a forward once (swiftkv.measure.shared_rows)
+        assert all(rows == 1 for rows, _ in shapes) == (kind in ("base", "teacher"))
     factory = (lambda config: FP8FakeQuantCache(config=config)) if kv_cache == "fp8" else None
     want = [direct_loglikelihood(model, c, t, 24, factory) for _, c, t in reqs]
     assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)
@@ -161,14 +168,16 @@ def test_rolling_windows_sharing_one_token_are_packed_in_rows_no_wider_than_a_fo
     gen = torch.Generator().manual_seed(3)
     reqs = [(None, [1], torch.randint(2, TINY["vocab_size"], (n,), generator=gen).tolist())
             for n in (30, 9, 21, 14, 5, 27, 17, 11)]  # 134 scored positions behind one shared context
-    shapes = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: shapes.append(k["input_ids"].shape), with_kwargs=True)
+    masks = []  # (rows, 1, width, width) of each forward
+    hook = model.register_forward_pre_hook(lambda m, a, k: masks.append(k["attention_mask"].shape), with_kwargs=True)
     try:
         got = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
     finally:
         hook.remove()
-    assert lm.last_path == "packed" and max(w for _, w in shapes) <= 48 and lm.forwards >= 3
-    assert lm.tokens_run["context"] == sum(r for r, _ in shapes) > 1  # the shared token, once a row
+    assert lm.last_path == "packed" and max(m[0] * m[-1] for m in masks) <= 48 and lm.forwards >= 3
+    # the shared token: once a forward where the base model runs each distinct position once, else once a row
+    assert lm.tokens_run["context"] == (lm.forwards if kind == "base" else sum(m[0] for m in masks))
+    assert lm.tokens_run["context"] < sum(m[0] for m in masks) or kind == "student"
     assert lm.tokens_run["continuation"] == 134 - len(reqs)  # every other position once
     want = [direct_loglikelihood(model, c, t, 40) for _, c, t in reqs]
     assert_close(torch.tensor([g[0] for g in got]), torch.tensor([w[0] for w in want]), rtol=1e-4, atol=1e-4)

@@ -140,12 +140,15 @@ class BoundaryRecorder:
     def rows(self) -> int:
         return len(self._recorded)
 
-    def take(self, layout) -> None:
-        """After the forward: ``layout`` is [(row, first column, end column, row key)]."""
+    def take(self, layout, gather=None) -> None:
+        """After the forward: ``layout`` is [(row, first column, end column, row key)]; ``gather``: the (rows, width)
+        index of each column's position when the forward ran distinct positions (``swiftkv.measure.shared_rows``)."""
         new = [(row, start, end, key) for row, start, end, key in dict((k[3], k) for k in layout).values()
                if key not in self._recorded]
         for x in self.layers:
             states = self._captured.pop(x)
+            if gather is not None:  # (1, U, hidden) -> (rows, width, hidden)
+                states = states[0][gather.to(states.device)]
             for row, start, end, key in new:
                 self._held[x][key] = states[row, start:end].detach().to("cpu").clone()
                 self._bytes += self._held[x][key].numel() * self._held[x][key].element_size()
@@ -236,11 +239,12 @@ class BoundaryStates:
 
 
 @contextlib.contextmanager
-def boundary_forward(lm, layout, shape):
+def boundary_forward(lm, layout, shape, gather=None):
     """Around one packed forward of ``lm`` (a ``swiftkv.measure.lm.SwiftKVLM``): record the base model's boundary
     states (``lm.boundary_recorder``), or give a student the recorded ones (``lm.boundary``) when the folder holds every
     row of this forward, else let it run in full. ``layout``: [(row, first column, end column, row key)];
-    ``shape``: the forward's (rows, width)."""
+    ``shape``: the forward's (rows, width); ``gather``: for a forward over distinct positions
+    (``swiftkv.measure.shared_rows``), the (rows, width) index of each column's position."""
     if lm.boundary_recorder is None and lm.boundary is None:
         yield
         return
@@ -251,7 +255,7 @@ def boundary_forward(lm, layout, shape):
         finally:
             for hook in hooks:
                 hook.remove()
-        lm.boundary_recorder.take(layout)
+        lm.boundary_recorder.take(layout, gather)
         return
     states = [lm.boundary.get(lm.boundary_layer, key) for *_, key in layout]
     if any(x is None for x in states):

@@ -11,7 +11,8 @@
     so what requests share (a question's context across its choices, a task's instructions across its questions,
     the first tokens of choices that begin alike) is one node; the tree is cut into rows of whole subtrees with
     their ancestors, packed into forwards with a 4D attention mask in which each position sees exactly its
-    ancestors. Needs a dense-mask attention (sdpa, eager).
+    ancestors. Needs a dense-mask attention (sdpa, eager). A plain model under sdpa runs a prefix that several rows
+    of a forward hold once (``swiftkv.measure.shared_rows``: attention gathers each row from the distinct positions).
   * ``chunked``: a prefill of the contexts (left padded, ``logits_to_keep=1``), then the continuations as padded
     batches against a copy of each context's cache. Any attention kernel; the fallback for the packed one.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from contextlib import nullcontext
 
 import torch
 from lm_eval.api.registry import register_model
@@ -40,6 +42,7 @@ from swiftkv.errors import SwiftKVError
 from swiftkv.measure.boundary import boundary_forward
 from swiftkv.measure.head import final_hidden_states, scored_log_probs
 from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays, row_key
+from swiftkv.measure.shared_rows import shared_layout, shared_rows
 from swiftkv.models.kvquant import make_cache_factory
 
 logger = logging.getLogger(__name__)
@@ -77,6 +80,7 @@ class SwiftKVLM(HFLM):
         self.tokens_run = {"context": 0, "continuation": 0}  # positions run (for the log)
         self.forwards = 0  # model forwards run for log-likelihoods (for the log)
         self.last_path = None  # how the last requests were scored: packed, chunked or full
+        self.share_rows = True  # swiftkv.measure.shared_rows where it applies (off: every row's columns are run)
         self.seconds_scoring = 0.0  # inside _loglikelihood_tokens (the rest of a suite's time is lm-eval's own)
         # swiftkv.measure.boundary: a base model records the stream entering its students' cuts (recorder); a student
         # takes it instead of running layers < l (boundary: BoundaryStates, checked here)
@@ -203,7 +207,11 @@ class SwiftKVLM(HFLM):
         """One forward over packed rows: ({(node, token): log-probability}, {node: argmax}) of every scored node."""
         device = self.device
         ids, positions, mask = (torch.from_numpy(a) for a in row_arrays(tree, rows))
-        if is_student(self.model) and self.prefill_skip:
+        attention = self.model.config._attn_implementation
+        skip = is_student(self.model) and self.prefill_skip
+        # every position runs every layer (no prefill skip): under sdpa, each distinct one once (shared_rows)
+        share = not skip and self.share_rows and attention == "sdpa"
+        if skip:
             # (R, N) positions: the student's prefill skip runs only these past layer l (short rows repeat their last)
             keep_lists = [row.scored or [0] for row in rows]
             n_keep = max(len(k) for k in keep_lists)
@@ -215,11 +223,16 @@ class SwiftKVLM(HFLM):
             for r, row in enumerate(rows):
                 keep[r, row.scored] = True
             flat = list(range(int(keep.sum())))
-        for row in rows:
-            run = sum(1 for n in row.nodes if n in continuation_nodes)
-            self.tokens_run["continuation"] += run
-            self.tokens_run["context"] += len(row.nodes) - run
-        if self.model.config._attn_implementation == "eager":
+        run = [n for row in rows for n in row.nodes]  # the positions the layers run
+        gather = source = None
+        if share:  # (1, U): each distinct position once, in the order their scored columns are flattened
+            run = set(run)
+            gather, source = (torch.from_numpy(a) for a in shared_layout(rows, ids.shape[1]))
+            ids, positions, keep = (x.reshape(1, -1)[:, source] for x in (ids, positions, keep))
+        continuations = sum(1 for n in run if n in continuation_nodes)
+        self.tokens_run["continuation"] += continuations
+        self.tokens_run["context"] += len(run) - continuations
+        if attention == "eager":
             mask = torch.zeros(mask.shape, dtype=self.model.dtype).masked_fill(~mask, torch.finfo(self.model.dtype).min)
         asked = []  # (flat index, node, token) for every token a scored node is asked to predict
         scored_nodes = [row.nodes[col] for row in rows for col in row.scored]
@@ -227,9 +240,11 @@ class SwiftKVLM(HFLM):
             asked.extend((p, node, token) for token in needs[node])
         index = torch.tensor([p for p, _, _ in asked], device=device)
         targets = torch.tensor([t for _, _, t in asked], device=device)
-        layout = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
+        keys = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
         with self._autocast():
-            with boundary_forward(self, layout, ids.shape), final_hidden_states(self.model) as head:
+            sharing = shared_rows(self.model, gather.to(device), source.to(device)) if share else nullcontext()
+            with boundary_forward(self, keys, mask.shape[::2], gather), \
+                    final_hidden_states(self.model) as head, sharing:
                 out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
                                  position_ids=positions.to(device), cache=self._new_cache(), use_cache=True,
                                  logits_to_keep=keep.to(device))
