@@ -11,8 +11,9 @@
     so what requests share (a question's context across its choices, a task's instructions across its questions,
     the first tokens of choices that begin alike) is one node; the tree is cut into rows of whole subtrees with
     their ancestors, packed into forwards with a 4D attention mask in which each position sees exactly its
-    ancestors. Needs a dense-mask attention (sdpa, eager). A plain model under sdpa runs a prefix that several rows
-    of a forward hold once (``swiftkv.measure.shared_rows``: attention gathers each row from the distinct positions).
+    ancestors. Needs a dense-mask attention (sdpa, eager). A model that runs every position through every layer (a
+    base model, a teacher) under sdpa runs a prefix that several rows of a forward hold once
+    (``swiftkv.measure.shared_rows``: attention gathers each row from the distinct positions).
   * ``chunked``: a prefill of the contexts (left padded, ``logits_to_keep=1``), then the continuations as padded
     batches against a copy of each context's cache. Any attention kernel; the fallback for the packed one.
 
