@@ -9,7 +9,8 @@ from torch.testing import assert_close
 
 from swiftkv.measure.lm import SwiftKVLM
 from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays
-from swiftkv.measure.shared_rows import ATTENTION_NAME, shared_layout, shared_rows, shared_rows_attention
+from swiftkv.measure.shared_rows import (ATTENTION_NAME, query_blocks, shared_layout, shared_rows,
+                                         shared_rows_attention)
 from tests.conftest import TINY, tiny_base
 from tests.test_evaluate import tiny_tokenizer
 
@@ -61,18 +62,43 @@ def test_the_layout_holds_each_distinct_node_once_at_its_scored_column(header, q
 
 
 @pytest.mark.parametrize("header,question", SHAPES)
+def test_query_blocks_leave_out_only_keys_that_no_query_of_the_block_sees(header, question):
+    tree, _, forwards = forwards_with_copies(header, question)
+    for rows in forwards:
+        mask = row_arrays(tree, rows)[2]
+        width = mask.shape[-1]
+        for block in (1, 4, 7, width):
+            blocks = query_blocks(mask, block)
+            assert [b[0] for b in blocks] == list(range(0, width, block)) and blocks[-1][1] == width
+            for start, stop, first, end in blocks:
+                assert stop - start <= block and first < end <= stop  # ancestors come first: no key after the block
+                part = mask[:, :, start:stop]
+                assert not part[..., :first].any() and not part[..., end:].any()
+                assert part[..., first].any() and part[..., end - 1].any()  # and none cut that a query sees
+        assert sum((e - f) * (b - a) for a, b, f, e in query_blocks(mask, 4)) < 0.75 * width ** 2
+
+
+@pytest.mark.parametrize("header,question", SHAPES)
 @pytest.mark.parametrize("family", ["llama", "qwen3", "deepseek_v2"])
+@pytest.mark.parametrize("block", [None, 4])
 @torch.no_grad()
-def test_a_shared_forward_gives_every_column_the_rows_output(family, header, question):
+def test_a_shared_forward_gives_every_column_the_rows_output(family, header, question, block):
     """Hidden states of the last layer (all layers, norms, MLP/MoE) of one (1, U) forward under ``shared_rows`` equal
-    the (R, W) forward's at every non-padding column; the model's attention setting is back afterwards."""
+    the (R, W) forward's at every non-padding column, with the queries in one block or in blocks of 4 (grouped
+    key/value heads: llama and qwen3 share each key/value head between two query heads; deepseek_v2's values are
+    narrower than its keys; a scaling that is not head_dim ** -0.5, as Gemma 3's); the model's attention setting is
+    back afterwards."""
     model = tiny_base(family)
+    for layer in model.model.layers:
+        layer.self_attn.scaling = 0.3
     tree, _, forwards = forwards_with_copies(header, question)
     for rows in forwards:
         ids, positions, mask = (torch.from_numpy(a) for a in row_arrays(tree, rows))
         want = model.model(input_ids=ids, position_ids=positions, attention_mask=mask).last_hidden_state
         gather, source = (torch.from_numpy(a) for a in shared_layout(rows, ids.shape[1]))
-        with shared_rows(model, gather, source):
+        blocks = None if block is None else query_blocks(mask.numpy(), block)
+        assert blocks is None or len(blocks) > 1
+        with shared_rows(model, gather, source, blocks):
             assert model.config._attn_implementation == ATTENTION_NAME
             got = model.model(input_ids=ids.reshape(1, -1)[:, source], attention_mask=mask,
                               position_ids=positions.reshape(1, -1)[:, source]).last_hidden_state
@@ -95,8 +121,10 @@ def test_the_attention_runs_only_inside_the_block_and_the_setting_comes_back_on_
 @torch.no_grad()
 def test_the_scorer_with_shared_rows_runs_fewer_positions_for_the_same_log_likelihoods(monkeypatch):
     """Questions behind a shared instruction, packed several rows a forward: the scorer with shared rows runs each
-    header position once a forward instead of once a row, and every (log-likelihood, greedy) is the rows' own."""
+    header position once a forward instead of once a row (its attention a block of queries at a time), and every
+    (log-likelihood, greedy) is the rows' own."""
     monkeypatch.setattr("swiftkv.measure.lm.PACK_WIDTH", 24)
+    monkeypatch.setattr("swiftkv.measure.shared_rows.QUERY_BLOCK", 5)  # several query blocks a row
     model = tiny_base("qwen2")
     gen = torch.Generator().manual_seed(4)
     header = torch.randint(2, TINY["vocab_size"], (10,), generator=gen).tolist()

@@ -43,7 +43,7 @@ from swiftkv.errors import SwiftKVError
 from swiftkv.measure.boundary import boundary_forward
 from swiftkv.measure.head import final_hidden_states, scored_log_probs
 from swiftkv.measure.prefix_tree import PrefixTree, plan_rows, row_arrays, row_key
-from swiftkv.measure.shared_rows import shared_layout, shared_rows
+from swiftkv.measure.shared_rows import query_blocks, shared_layout, shared_rows
 from swiftkv.models.kvquant import make_cache_factory
 
 logger = logging.getLogger(__name__)
@@ -229,6 +229,7 @@ class SwiftKVLM(HFLM):
         if share:  # (1, U): each distinct position once, in the order their scored columns are flattened
             run = set(run)
             gather, source = (torch.from_numpy(a) for a in shared_layout(rows, ids.shape[1]))
+            blocks = query_blocks(mask.numpy())
             ids, positions, keep = (x.reshape(1, -1)[:, source] for x in (ids, positions, keep))
         continuations = sum(1 for n in run if n in continuation_nodes)
         self.tokens_run["continuation"] += continuations
@@ -243,7 +244,7 @@ class SwiftKVLM(HFLM):
         targets = torch.tensor([t for _, _, t in asked], device=device)
         keys = [(r, 0, len(row.nodes), row_key(tree, row)) for r, row in enumerate(rows)]
         with self._autocast():
-            sharing = shared_rows(self.model, gather.to(device), source.to(device)) if share else nullcontext()
+            sharing = shared_rows(self.model, gather.to(device), source.to(device), blocks) if share else nullcontext()
             with boundary_forward(self, keys, mask.shape[::2], gather), \
                     final_hidden_states(self.model) as head, sharing:
                 out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),

@@ -4,9 +4,11 @@
 instructions, a long context) is in both. Only attention needs the rows: every other part of a decoder layer (norms,
 projections, MLP) works on each position alone. So the forward's input here is the distinct positions as one
 sequence of U (each node once, in the column where it is scored, else where it first runs; row-major), and each
-attention layer gathers the rows' queries, keys and values from it by a (rows, width) index, runs transformers' own
-sdpa attention on them with the rows' 4D mask, and takes each position's output back from its column. A node's
-copies see the same ancestors at the same positions, so any copy's output is its output.
+attention layer gathers the rows' queries, keys and values from it by a (rows, width) index, runs sdpa attention on
+them with the rows' 4D mask, and takes each position's output back from its column. A node's copies see the same
+ancestors at the same positions, so any copy's output is its output. A node's ancestors come before it in its row, so
+the queries run in blocks of ``QUERY_BLOCK`` columns, each against the keys up to its last column only (about half the
+attention work of the whole rows).
 
 ``shared_rows`` sets this up around one forward: the attention function is registered with transformers'
 ``AttentionInterface`` under ``ATTENTION_NAME`` and the model's ``_attn_implementation`` points to it inside the
@@ -24,12 +26,15 @@ import contextvars
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION_NAME = "swiftkv_shared_rows"
-_LAYOUT: contextvars.ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = contextvars.ContextVar(
+_LAYOUT: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "swiftkv_shared_rows", default=None)
+_FULL_ONLY = ("softcap", "position_bias", "s_aux")  # attention extras that only transformers' own sdpa call handles
+QUERY_BLOCK = 32  # query columns per sdpa call: each block's keys stop at its last column
 
 
 def shared_layout(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,20 +59,49 @@ def shared_layout(rows, width: int) -> tuple[np.ndarray, np.ndarray]:
     return gather, source
 
 
+def query_blocks(mask: np.ndarray, block: int | None = None) -> tuple[tuple[int, int, int, int], ...]:
+    """(start, stop, first key, key stop) of each ``block`` (default ``QUERY_BLOCK``) query columns of a (R, 1, W, W)
+    boolean mask: the keys any row's queries in the block may see lie in [first key, key stop). A column sees only its
+    ancestors, which come before it, so a block's keys stop at its last column and the blocks' attention covers about
+    half of W x W."""
+    block = block or QUERY_BLOCK
+    seen = mask[:, 0].any(axis=0)  # (W, W): a key any row's query sees
+    width = seen.shape[0]
+    out = []
+    for start in range(0, width, block):
+        stop = min(width, start + block)
+        keys = np.flatnonzero(seen[start:stop].any(axis=0))
+        out.append((start, stop, int(keys[0]), int(keys[-1]) + 1))  # every column sees itself: never empty
+    return tuple(out)
+
+
 def shared_rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """transformers' sdpa attention over the rows gathered from one sequence of distinct positions: ``query``,
-    ``key``, ``value`` (1, heads, U, head_dim); returns (1, U, heads, head_dim) as attention functions do."""
+    """sdpa attention over the rows gathered from one sequence of distinct positions: ``query``, ``key``, ``value``
+    (1, heads, U, head_dim); returns (1, U, heads, head_dim) as attention functions do. Each block of query columns
+    (``query_blocks``) runs torch's sdpa on only the keys its mask lets it see (the keys left out are masked for all of
+    its queries, so the softmax is the same), key/value heads shared by their query heads without copies; a layout of
+    one block, or an attention with extras (a softcap, a position bias, sinks), runs transformers' own sdpa call."""
     layout = _LAYOUT.get()
     if layout is None:
         raise RuntimeError(f"attention {ATTENTION_NAME!r} runs only inside swiftkv.measure.shared_rows.shared_rows")
-    gather, source = (x.to(query.device) for x in layout)  # a no-op unless accelerate spread the layers over devices
+    gather, source, blocks = layout
+    gather, source = (x.to(query.device) for x in (gather, source))  # a no-op unless accelerate spread the layers
     rows, width = gather.shape
     flat = gather.reshape(-1)
 
     def as_rows(x: torch.Tensor) -> torch.Tensor:  # (1, H, U, D) -> (R, H, W, D)
         return x[0].index_select(1, flat).unflatten(1, (rows, width)).transpose(0, 1)
 
-    out, _ = sdpa_attention_forward(module, as_rows(query), as_rows(key), as_rows(value), attention_mask, **kwargs)
+    query, key, value = as_rows(query), as_rows(key), as_rows(value)
+    if any(kwargs.get(name) is not None for name in _FULL_ONLY) or len(blocks) == 1:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # (R, W, H, D)
+    else:
+        gqa = query.shape[1] != key.shape[1]  # sdpa reads each key/value head for its query heads: no copies
+        scale, dropout = kwargs.get("scaling"), kwargs.get("dropout", 0.0)
+        out = torch.cat([F.scaled_dot_product_attention(
+            query[:, :, start:stop], key[:, :, first:end], value[:, :, first:end],
+            attn_mask=attention_mask[:, :, start:stop, first:end], dropout_p=dropout, scale=scale, enable_gqa=gqa)
+            for start, stop, first, end in blocks], dim=2).transpose(1, 2)  # (R, H, W, D) -> (R, W, H, D)
     return out.flatten(0, 1).index_select(0, source).unsqueeze(0), None  # (R, W, H, D) -> (1, U, H, D)
 
 
@@ -75,11 +109,13 @@ AttentionInterface.register(ATTENTION_NAME, shared_rows_attention)
 
 
 @contextlib.contextmanager
-def shared_rows(model: torch.nn.Module, gather: torch.Tensor, source: torch.Tensor):
-    """Within the block, ``model``'s attention layers run ``shared_rows_attention`` with this layout."""
+def shared_rows(model: torch.nn.Module, gather: torch.Tensor, source: torch.Tensor, blocks=None):
+    """Within the block, ``model``'s attention layers run ``shared_rows_attention`` with this layout; ``blocks``
+    (``query_blocks`` of the rows' mask) splits each row's queries, default one block over all keys."""
     config = model.config
     saved = config._attn_implementation
-    token = _LAYOUT.set((gather, source))
+    width = gather.shape[1]
+    token = _LAYOUT.set((gather, source, tuple(blocks) if blocks is not None else ((0, width, 0, width),)))
     config._attn_implementation = ATTENTION_NAME
     try:
         yield
