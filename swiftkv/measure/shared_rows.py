@@ -125,11 +125,12 @@ def _folded_attention(query, key, value, mask, scale: float, dropout: float = 0.
 
 
 def shared_rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """sdpa attention over the rows gathered from one sequence of distinct positions: ``query``, ``key``, ``value``
+    """Attention over the rows gathered from one sequence of distinct positions: ``query``, ``key``, ``value``
     (1, heads, U, head_dim); returns (1, U, heads, head_dim) as attention functions do. Each block of query columns
-    (``query_blocks``) runs torch's sdpa on only the keys its mask lets it see (the keys left out are masked for all of
-    its queries, so the softmax is the same), key/value heads shared by their query heads without copies; a layout of
-    one block, or an attention with extras (a softcap, a position bias, sinks), runs transformers' own sdpa call."""
+    (``query_blocks``) attends to only the keys its mask lets it see (the keys left out are masked for all of its
+    queries, so the softmax is the same): by ``_folded_attention`` on a device of ``FOLDED_DEVICES``, else by torch's
+    sdpa (``_sdpa_attention``); a layout of one block, or an attention with extras (a softcap, a position bias,
+    sinks), runs transformers' own sdpa call on the whole rows."""
     layout = _LAYOUT.get()
     if layout is None:
         raise RuntimeError(f"attention {ATTENTION_NAME!r} runs only inside swiftkv.measure.shared_rows.shared_rows")
